@@ -1,0 +1,131 @@
+"""The `grpokit` command: train | eval | sft | plot | report | bench.
+
+    grpokit train                         # the built-in demo: GRPO on arithmetic, offline
+    grpokit train cfg.yaml loss.beta=0.0  # a YAML config with dotted overrides
+    grpokit train preset=dapo --overwrite
+
+User errors (bad config, missing model, bad data, ...) print one line and exit 2; --debug shows the
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import logging
+import sys
+from typing import Any
+
+from .config import PRESETS, SECTIONS, ConfigError, GRPOConfig, build_config, explicit_preset_conflicts, load_config
+
+# The embedded default run (`grpokit train` with no config file): the demo on the built-in task.
+# It sets no loss.* key, so the objective is the paper's unless a preset or override says otherwise.
+DEMO: dict[str, Any] = {
+    "model.name_or_path": "builtin:arith-demo",
+    "task.name": "arithmetic",
+    "rollout.num_generations": 8, "rollout.prompts_per_step": 16, "rollout.max_completion_length": 24,
+    "rollout.max_prompt_length": 64,
+    "optim.learning_rate": 5e-4, "optim.max_grad_norm": 1.0,
+    "run.output_dir": "runs/demo", "run.max_steps": 60, "run.eval_limit": 500,
+}
+
+SUBCOMMANDS = {  # name -> module with main(argv) -> int, for the commands that live beside their code
+    "eval": "grpokit.evaluate", "sft": "grpokit.sft", "plot": "grpokit.plots", "report": "grpokit.report",
+    "bench": "grpokit.bench",
+}
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that are the user's to fix: printed as one line, no traceback."""
+    from .checkpoint import OutputDirError
+    from .models import ModelError
+    from .rollout import PromptTooLongError
+
+    errors: list[type[BaseException]] = [ConfigError, ModelError, OutputDirError, PromptTooLongError,
+                                         FloatingPointError, FileNotFoundError]
+    for mod, name in (("grpokit.tasks", "TaskError"), ("grpokit.rewards", "RewardError")):
+        try:
+            errors.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def describe(cfg: GRPOConfig) -> str:
+    """The resolved config: every value that differs from the paper defaults, with where it came from."""
+    default = GRPOConfig()
+    conflicts = explicit_preset_conflicts(cfg)
+    preset_keys = PRESETS.get(cfg.preset or "", {})
+    lines = [f"resolved config (preset: {cfg.preset or 'none'}; unlisted keys are the paper defaults):"]
+    for section in SECTIONS:
+        for f in dataclasses.fields(SECTIONS[section]):
+            key = f"{section}.{f.name}"
+            value = getattr(getattr(cfg, section), f.name)
+            if value == getattr(getattr(default, section), f.name) and key not in preset_keys:
+                continue
+            note = ""
+            if key in conflicts:
+                note = f"   # explicit, overrides preset {cfg.preset} ({conflicts[key][0]!r})"
+            elif key in preset_keys:
+                note = f"   # from preset {cfg.preset}"
+            lines.append(f"  {key} = {value!r}{note}")
+    return "\n".join(lines)
+
+
+def train_config(path: str | None, overrides: list[str], resume: bool, overwrite: bool) -> GRPOConfig:
+    extra = overrides + (["run.resume=true"] if resume else []) + (["run.overwrite=true"] if overwrite else [])
+    if path is not None:
+        return load_config(path, extra)
+    from .config import parse_overrides
+
+    values = dict(DEMO)
+    values.update(parse_overrides(extra))
+    return build_config(values)
+
+
+def cmd_train(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="grpokit train", description="Run GRPO (no config: the built-in demo).")
+    p.add_argument("items", nargs="*", help="an optional YAML config, then key=value overrides")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous run in output_dir")
+    args, _ = p.parse_known_args(argv)
+    path = args.items[0] if args.items and "=" not in args.items[0] else None
+    overrides = args.items[1:] if path else args.items
+    cfg = train_config(path, overrides, args.resume, args.overwrite)
+    print(describe(cfg), flush=True)
+    from .trainer import train_grpo
+
+    state = train_grpo(cfg)
+    print(f"done: {state.step} steps; metrics in {cfg.run.output_dir}/metrics.jsonl, "
+          f"model in {cfg.run.output_dir}/final", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    logging.basicConfig(level=logging.INFO, format="grpokit: %(message)s")
+    for noisy in ("httpx", "urllib3", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: grpokit {train,eval,sft,plot,report,bench} ... (grpokit train: the built-in demo)")
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "train":
+            return cmd_train(rest)
+        if cmd in SUBCOMMANDS:
+            return importlib.import_module(SUBCOMMANDS[cmd]).main(rest)
+        print(f"grpokit: unknown command '{cmd}': use one of train, {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    except user_errors() as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,456 @@
+"""One typed config tree for grpokit: defaults, YAML load, dotted CLI overrides, presets, validation.
+
+Defaults are the DeepSeekMath paper's (beta 0.04, epsilon 0.2, one update per generation batch,
+group-std scaling, token-level ratio, per-completion token mean). Field names follow Hugging Face
+TRL where TRL has the concept (num_generations, beta, epsilon, loss_type, scale_rewards, ...).
+
+    cfg = load_config("cfg.yaml", ["loss.beta=0.0", "preset=dapo"])
+
+Every error raised here is a `ConfigError` whose message is one line naming the field and what to
+change, so the CLI can print it without a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration: the message is one line that says what to change."""
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with its documentation kept in the metadata (the config reference)."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: json.loads(json.dumps(d)), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = _f("builtin:arith-demo", "local AutoModelForCausalLM folder, an alias "
+                           "(smollm2-135m-instruct), or builtin:arith-demo / builtin:tiny-random")
+    gguf_file: str | None = _f(None, "GGUF file name inside name_or_path (needs the [gguf] extra)")
+    dtype: str = _f("float32", "float32 | bfloat16 | float16 weights and compute")
+    device: str = _f("auto", "auto (cuda if available, else cpu) | cpu | cuda | cuda:N")
+    gradient_checkpointing: bool = _f(False, "recompute activations in backward (less memory)")
+    lora_r: int = _f(0, "LoRA rank; 0 trains all weights (LoRA needs the [peft] extra)")
+    lora_alpha: int = _f(16, "LoRA scaling alpha")
+    lora_dropout: float = _f(0.0, "LoRA dropout")
+    lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "modules LoRA wraps")
+
+
+@dataclass
+class TaskConfig:
+    name: str = _f("arithmetic", "arithmetic | gsm8k | math500 | jsonl")
+    path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl")
+    train_split: str = _f("train", "split the policy trains on")
+    eval_split: str = _f("test", "held-out split for evaluation")
+    prompt_column: str = _f("prompt", "jsonl task: column holding the question")
+    answer_column: str = _f("answer", "jsonl task: column holding the reference answer")
+    digits: int = _f(2, "arithmetic: digits per operand")
+    terms: int = _f(2, "arithmetic: operands per problem")
+    operators: str = _f("+-", "arithmetic: operators drawn from (subset of +-*)")
+    num_train: int = _f(20000, "arithmetic: training problems generated")
+    num_eval: int = _f(500, "arithmetic: held-out problems (disjoint from train)")
+    seed: int = _f(1234, "arithmetic: generator seed")
+    chat_template: bool = _f(False, "render prompts with the tokenizer's chat template")
+    system_prompt: str | None = _f(None, "system message when chat_template is on")
+    format: str = _f("boxed", "boxed (final answer in \\boxed{}) | r1 (<think>...</think> then the answer)")
+    instruction: bool = _f(False, "append an instruction to put the final answer in \\boxed{}")
+    few_shot: int = _f(0, "solved train examples prepended to each prompt")
+
+
+@dataclass
+class RolloutConfig:
+    num_generations: int = _f(8, "G: completions sampled per prompt")
+    prompts_per_step: int = _f(4, "B: prompts per optimizer step (generation batch = B * G)")
+    max_prompt_length: int = _f(512, "longest prompt in tokens")
+    truncate_prompt: str = _f("left", "left (drop the oldest tokens, with a warning) | error")
+    max_completion_length: int = _f(256, "T: longest completion in tokens")
+    temperature: float = _f(1.0, "sampling temperature (> 0)")
+    top_p: float = _f(1.0, "nucleus sampling mass in (0, 1]")
+    top_k: int = _f(0, "keep the k most likely tokens; 0 keeps all")
+    backend: str = _f("auto", "auto | fast (grpokit's KV-cache sampler) | generate (model.generate) | vllm")
+    generation_batch_size: int = _f(0, "completions decoded at once; 0 = the whole batch")
+    dynamic_sampling: bool = _f(False, "DAPO: drop groups whose rewards are all equal, resample")
+    max_resample_rounds: int = _f(3, "bound on extra generation rounds for dynamic sampling")
+
+
+@dataclass
+class RewardConfig:
+    funcs: dict = _f({"rule": 1.0}, "reward name or 'module:function' -> weight")
+    reward_errors: str = _f("raise", "raise (stop, naming the function) | skip (score None, count it)")
+    overlong_buffer: int = _f(0, "DAPO soft overlong punishment: penalty ramps over the last N tokens")
+    overlong_penalty: float = _f(1.0, "penalty at the length limit for the overlong shaping")
+    step_correct_reward: float = _f(1.0, "steps (process) reward: an arithmetic step that checks out")
+    step_wrong_reward: float = _f(-1.0, "steps (process) reward: a wrong arithmetic step")
+
+
+@dataclass
+class LossConfig:
+    loss_type: str = _f("grpo", "grpo (eq. 3) | bnpo | dr_grpo | dapo")
+    beta: float = _f(0.04, "KL coefficient; 0 loads no reference model")
+    epsilon: float = _f(0.2, "clip range low: ratio >= 1 - epsilon")
+    epsilon_high: float | None = _f(None, "clip range high (DAPO clip-higher); None = epsilon")
+    delta: float | None = _f(None, "optional upper bound on the ratio for negative advantages")
+    importance_sampling_level: str = _f("token", "token (eq. 3) | sequence (GSPO)")
+    scale_rewards: str = _f("group", "group | batch | none (Dr. GRPO: centre only)")
+    num_iterations: int = _f(1, "mu: policy updates per generation batch")
+    kl_in_reward: bool = _f(False, "subtract beta * KL from the reward instead of the loss")
+    mask_truncated_completions: bool = _f(False, "completions without EOS contribute no loss")
+    ref_model_sync_steps: int = _f(0, "every N steps: ref <- a * policy + (1 - a) * ref; 0 = never")
+    ref_model_mixup_alpha: float = _f(1.0, "a in the reference reset (1.0 = the paper's reset)")
+
+
+@dataclass
+class OptimConfig:
+    learning_rate: float = _f(1e-6, "AdamW learning rate (paper: 1e-6 for pretrained models)")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.99, "AdamW beta2")
+    max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 disables")
+    lr_scheduler_type: str = _f("constant", "constant | linear (decay to 0 at max_steps)")
+    warmup_steps: int = _f(0, "linear warm-up steps")
+    micro_batch_size: int = _f(0, "completions per forward/backward; 0 = the whole batch")
+    optim: str = _f("adamw", "adamw | adamw_8bit (bitsandbytes)")
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = _f("runs/grpo", "where metrics, checkpoints and the final model go")
+    max_steps: int = _f(100, "optimizer steps")
+    seed: int = _f(0, "seed for data order, sampling and init")
+    logging_steps: int = _f(1, "console log every N steps (metrics.jsonl gets every step)")
+    eval_steps: int = _f(0, "evaluate on the held-out split every N steps; 0 = start and end only")
+    eval_limit: int = _f(0, "held-out problems per evaluation; 0 = none, -1 = all")
+    save_steps: int = _f(0, "checkpoint every N steps; 0 = only the final model")
+    save_total_limit: int = _f(2, "checkpoints kept")
+    resume: bool = _f(False, "continue from the newest complete checkpoint in output_dir")
+    overwrite: bool = _f(False, "allow an output_dir that holds another run")
+    report_to: list = _f([], "extra loggers: tensorboard, wandb, mlflow, trackio")
+    log_completions_steps: int = _f(0, "write sample completions every N steps; 0 = never")
+    track_prompts: bool = _f(False, "per-prompt reward history")
+    max_bad_steps: int = _f(3, "stop after this many non-finite updates in a row")
+    progress: bool = _f(True, "show a progress bar")
+
+
+SECTIONS = {"model": ModelConfig, "task": TaskConfig, "rollout": RolloutConfig,
+            "reward": RewardConfig, "loss": LossConfig, "optim": OptimConfig, "run": RunConfig}
+
+# Presets fill defaults before the user's keys: an explicit key always wins.
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {"loss.loss_type": "grpo", "loss.importance_sampling_level": "token", "loss.beta": 0.04,
+              "loss.epsilon": 0.2, "loss.num_iterations": 1, "loss.scale_rewards": "group"},
+    "dr_grpo": {"loss.loss_type": "dr_grpo", "loss.scale_rewards": "none", "loss.beta": 0.0},
+    "dapo": {"loss.loss_type": "dapo", "loss.epsilon": 0.2, "loss.epsilon_high": 0.28, "loss.beta": 0.0,
+             "loss.importance_sampling_level": "token", "rollout.dynamic_sampling": True,
+             "loss.mask_truncated_completions": False, "reward.overlong_buffer": 64},
+    "gspo": {"loss.importance_sampling_level": "sequence", "loss.epsilon": 3e-4, "loss.epsilon_high": 4e-4,
+             "loss.beta": 0.0, "loss.loss_type": "grpo"},
+}
+
+CHOICES = {
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "task.name": ("arithmetic", "gsm8k", "math500", "jsonl"),
+    "task.format": ("boxed", "r1"),
+    "rollout.truncate_prompt": ("left", "error"),
+    "rollout.backend": ("auto", "fast", "generate", "vllm"),
+    "reward.reward_errors": ("raise", "skip"),
+    "loss.loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
+    "loss.importance_sampling_level": ("token", "sequence"),
+    "loss.scale_rewards": ("group", "batch", "none"),
+    "optim.lr_scheduler_type": ("constant", "linear"),
+    "optim.optim": ("adamw", "adamw_8bit"),
+}
+
+
+@dataclass
+class GRPOConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    preset: str | None = None
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def batch_size(self) -> int:
+        """Completions per generation batch: B * G."""
+        return self.rollout.prompts_per_step * self.rollout.num_generations
+
+    @property
+    def epsilon_high(self) -> float:
+        return self.loss.epsilon if self.loss.epsilon_high is None else self.loss.epsilon_high
+
+
+def _suggest(word: str, options: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _all_keys() -> dict[str, str]:
+    """Every dotted key 'section.field', and each field's bare name when it is unambiguous."""
+    dotted = {f"{s}.{f.name}": f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    bare: dict[str, list[str]] = {}
+    for key in dotted:
+        bare.setdefault(key.split(".", 1)[1], []).append(key)
+    return {**dotted, **{k: v[0] for k, v in bare.items() if len(v) == 1}}
+
+
+def _resolve_key(key: str) -> str:
+    if key == "preset":
+        return key
+    keys = _all_keys()
+    if key in keys:
+        return keys[key]
+    if key in SECTIONS:
+        raise ConfigError(f"'{key}' is a section: set its fields as {key}.<field>=value")
+    raise ConfigError(f"unknown config key '{key}'{_suggest(key, list(keys) + ['preset'])}")
+
+
+def _field_type(section: str, name: str) -> Any:
+    hints = typing.get_type_hints(SECTIONS[section])
+    return hints[name]
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Convert a YAML/CLI value to the field's declared type, or raise a one-line ConfigError."""
+    section, name = key.split(".", 1)
+    tp = _field_type(section, name)
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if args else tp
+    base = typing.get_origin(base) or base
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and base is not str):
+        if optional:
+            return None
+        raise ConfigError(f"{key} cannot be empty: give a {getattr(base, '__name__', base)}")
+    try:
+        if base is bool:
+            if isinstance(value, str):
+                low = value.lower()
+                if low in ("true", "1", "yes", "on"):
+                    return True
+                if low in ("false", "0", "no", "off"):
+                    return False
+                raise ValueError
+            if isinstance(value, (bool, int)) and value in (0, 1):
+                return bool(value)
+            raise ValueError
+        if base is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+        if base is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if base is str:
+            if isinstance(value, (dict, list)):
+                raise ValueError
+            return str(value)
+        if base is list:
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v] if value.lower() != "none" else []
+            if not isinstance(value, list):
+                raise ValueError
+            return value
+        if base is dict:
+            if isinstance(value, str):
+                import yaml
+
+                value = yaml.safe_load(value)
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    want = getattr(base, "__name__", str(base))
+    raise ConfigError(f"{key} must be a {want}, got {value!r}: change it to a {want}")
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'loss': {'beta': 0}} -> {'loss.beta': 0}; dict-valued fields (reward.funcs) stay whole."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and not prefix and key in SECTIONS:
+            out.update(_flatten(value, prefix=f"{key}."))
+        else:
+            out[full] = value
+    return out
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """CLI `key=value` strings to a flat dict; values are parsed as YAML scalars."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not key=value: write it as e.g. loss.beta=0.0")
+        key, raw = item.split("=", 1)
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+def build_config(values: dict[str, Any] | None = None) -> GRPOConfig:
+    """A validated config from a (nested or dotted) dict: preset first, then explicit keys."""
+    flat = _flatten(dict(values or {}))
+    preset = flat.pop("preset", None)
+    resolved: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset '{preset}'{_suggest(str(preset), PRESETS)}: "
+                              f"choose one of {', '.join(PRESETS)}")
+        resolved.update(PRESETS[preset])
+    for key, value in flat.items():
+        resolved[_resolve_key(key)] = value
+    sections: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    for key, value in resolved.items():
+        section, name = key.split(".", 1)
+        sections[section][name] = _coerce(key, value)
+    return GRPOConfig(**{s: SECTIONS[s](**kw) for s, kw in sections.items()}, preset=preset)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> GRPOConfig:
+    """Load YAML (optional), apply `key=value` overrides, validate. Raises ConfigError."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file '{p}' does not exist: give the path of a YAML file")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"config file '{p}'{where} is not valid YAML: fix the syntax") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file '{p}' must hold a mapping of sections, not {type(loaded).__name__}")
+        values = _flatten(loaded or {})
+    values.update(_flatten(parse_overrides(overrides or [])) if overrides else {})
+    return build_config(values)
+
+
+def explicit_preset_conflicts(cfg: GRPOConfig) -> dict[str, tuple[Any, Any]]:
+    """Keys where the resolved value differs from what the preset would set: {key: (preset, now)}."""
+    if cfg.preset is None:
+        return {}
+    out = {}
+    for key, want in PRESETS[cfg.preset].items():
+        section, name = key.split(".", 1)
+        have = getattr(getattr(cfg, section), name)
+        if have != want:
+            out[key] = (want, have)
+    return out
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+def validate(cfg: GRPOConfig) -> None:
+    """Range and consistency checks; each failure is one line naming the field and the fix."""
+    for key, options in CHOICES.items():
+        section, name = key.split(".", 1)
+        value = getattr(getattr(cfg, section), name)
+        _check(value in options, f"{key} must be one of {', '.join(options)}, got {value!r}"
+               f"{_suggest(str(value), options)}")
+    r, lo, o, run = cfg.rollout, cfg.loss, cfg.optim, cfg.run
+    _check(r.num_generations >= 2, f"rollout.num_generations must be >= 2 (GRPO compares completions "
+           f"within a group), got {r.num_generations}")
+    _check(r.prompts_per_step >= 1, f"rollout.prompts_per_step must be >= 1, got {r.prompts_per_step}")
+    _check(r.max_prompt_length > 0, f"rollout.max_prompt_length must be > 0, got {r.max_prompt_length}")
+    _check(r.max_completion_length > 0,
+           f"rollout.max_completion_length must be > 0, got {r.max_completion_length}")
+    _check(r.temperature > 0, f"rollout.temperature must be > 0, got {r.temperature}")
+    _check(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
+    _check(r.top_k >= 0, f"rollout.top_k must be >= 0 (0 keeps all tokens), got {r.top_k}")
+    _check(r.max_resample_rounds >= 0, f"rollout.max_resample_rounds must be >= 0, got {r.max_resample_rounds}")
+    for name, value in (("generation_batch_size", r.generation_batch_size),):
+        _check(value >= 0, f"rollout.{name} must be >= 0 (0 = whole batch), got {value}")
+        _check(value == 0 or value % r.num_generations == 0,
+               f"rollout.{name} ({value}) must be a multiple of num_generations ({r.num_generations})")
+    _check(0 < lo.epsilon < 1, f"loss.epsilon must be in (0, 1), got {lo.epsilon}")
+    _check(lo.epsilon_high is None or lo.epsilon_high > 0,
+           f"loss.epsilon_high must be > 0, got {lo.epsilon_high}")
+    _check(lo.epsilon_high is None or lo.epsilon_high >= lo.epsilon,
+           f"loss.epsilon_high ({lo.epsilon_high}) must be >= loss.epsilon ({lo.epsilon})")
+    _check(lo.delta is None or lo.delta > 1 + cfg.epsilon_high,
+           f"loss.delta must be > 1 + epsilon_high ({1 + cfg.epsilon_high}), got {lo.delta}")
+    _check(lo.beta >= 0, f"loss.beta must be >= 0 (0 disables the KL penalty), got {lo.beta}")
+    _check(lo.num_iterations >= 1, f"loss.num_iterations (mu) must be >= 1, got {lo.num_iterations}")
+    _check(lo.ref_model_sync_steps >= 0, f"loss.ref_model_sync_steps must be >= 0, got {lo.ref_model_sync_steps}")
+    _check(0 < lo.ref_model_mixup_alpha <= 1,
+           f"loss.ref_model_mixup_alpha must be in (0, 1], got {lo.ref_model_mixup_alpha}")
+    _check(not (lo.kl_in_reward and lo.beta == 0), "loss.kl_in_reward needs loss.beta > 0")
+    _check(o.learning_rate > 0, f"optim.learning_rate must be > 0, got {o.learning_rate}")
+    _check(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
+    _check(0 <= o.adam_beta1 < 1 and 0 <= o.adam_beta2 < 1, "optim.adam_beta1/adam_beta2 must be in [0, 1)")
+    _check(o.max_grad_norm >= 0, f"optim.max_grad_norm must be >= 0 (0 disables), got {o.max_grad_norm}")
+    _check(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
+    _check(o.micro_batch_size >= 0, f"optim.micro_batch_size must be >= 0, got {o.micro_batch_size}")
+    _check(o.micro_batch_size == 0 or cfg.batch_size % o.micro_batch_size == 0,
+           f"optim.micro_batch_size ({o.micro_batch_size}) must divide the generation batch "
+           f"prompts_per_step * num_generations = {cfg.batch_size}")
+    _check(run.max_steps >= 1, f"run.max_steps must be >= 1, got {run.max_steps}")
+    for name in ("logging_steps",):
+        _check(getattr(run, name) >= 1, f"run.{name} must be >= 1, got {getattr(run, name)}")
+    for name in ("eval_steps", "save_steps", "log_completions_steps", "save_total_limit"):
+        _check(getattr(run, name) >= 0, f"run.{name} must be >= 0, got {getattr(run, name)}")
+    _check(run.eval_limit >= -1, f"run.eval_limit must be >= -1 (-1 = all), got {run.eval_limit}")
+    _check(run.max_bad_steps >= 1, f"run.max_bad_steps must be >= 1, got {run.max_bad_steps}")
+    _check(bool(cfg.reward.funcs), "reward.funcs is empty: name at least one reward, e.g. {rule: 1.0}")
+    for name, weight in cfg.reward.funcs.items():
+        _check(isinstance(weight, (int, float)) and not isinstance(weight, bool),
+               f"reward.funcs.{name} weight must be a number, got {weight!r}")
+    _check(cfg.reward.overlong_buffer >= 0, f"reward.overlong_buffer must be >= 0, got {cfg.reward.overlong_buffer}")
+    _check(cfg.reward.overlong_buffer < r.max_completion_length,
+           f"reward.overlong_buffer ({cfg.reward.overlong_buffer}) must be < rollout.max_completion_length "
+           f"({r.max_completion_length})")
+    _check(cfg.reward.step_correct_reward > cfg.reward.step_wrong_reward,
+           f"reward.step_correct_reward ({cfg.reward.step_correct_reward}) must be > reward.step_wrong_reward "
+           f"({cfg.reward.step_wrong_reward}): a right step must earn more than a wrong one")
+    _check(cfg.model.lora_r >= 0, f"model.lora_r must be >= 0 (0 = full fine-tuning), got {cfg.model.lora_r}")
+    t = cfg.task
+    _check(t.name == "arithmetic" or t.path is not None or t.name in ("gsm8k", "math500"),
+           f"task.path is required for task.name={t.name}: give the jsonl file")
+    _check(t.digits >= 1 and t.terms >= 2, "task.digits must be >= 1 and task.terms >= 2")
+    _check(bool(t.operators) and set(t.operators) <= set("+-*"),
+           f"task.operators must be a non-empty subset of '+-*', got {t.operators!r}")
+    _check(t.few_shot >= 0, f"task.few_shot must be >= 0, got {t.few_shot}")
+    _check(t.num_train >= 1 and t.num_eval >= 0, "task.num_train must be >= 1 and task.num_eval >= 0")
+
+
+def config_reference() -> str:
+    """Markdown table of every key, its default and meaning (used to write the README)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for s, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append(f"| `{s}.{f.name}` | `{default}` | {f.metadata['help']} |")
+    return "\n".join(rows)

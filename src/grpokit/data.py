@@ -1,0 +1,43 @@
+"""The prompt stream: a seeded, resumable order over the training examples.
+
+Epoch e visits the examples in the order of a permutation seeded by (seed, e); the only state is a
+cursor (how many prompts were drawn so far), so a checkpoint that stores the cursor resumes with
+exactly the same prompts in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, Sequence, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+class PromptStream(Generic[T]):
+    """Endless, reproducible draws of examples without replacement inside each epoch."""
+
+    def __init__(self, examples: Sequence[T], seed: int, cursor: int = 0) -> None:
+        if not examples:
+            raise ValueError("the training split is empty: check task.name / task.path / task.train_split")
+        self.examples = examples
+        self.seed = seed
+        self.cursor = cursor
+        self._epoch = -1
+        self._order: list[int] = []
+
+    def _order_for(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._order = torch.randperm(len(self.examples), generator=g).tolist()
+            self._epoch = epoch
+        return self._order
+
+    def take(self, n: int) -> list[T]:
+        """The next n examples (crossing into the next epoch's permutation when needed)."""
+        out = []
+        for _ in range(n):
+            epoch, pos = divmod(self.cursor, len(self.examples))
+            out.append(self.examples[self._order_for(epoch)[pos]])
+            self.cursor += 1
+        return out

@@ -1,0 +1,102 @@
+"""[D] Per-token log-probabilities of completion tokens, without a [B, T, V] log-softmax.
+
+    logp_t = z_t[o_t] / tau - logsumexp(z_t / tau)
+
+where z_t are the logits that predict completion token o_t and tau is the sampling temperature
+(the ratio must compare the distribution the tokens were sampled from). The decoder runs once; the
+lm-head, logsumexp and gather run over chunks of rows so only [chunk, V] logits exist at a time.
+With gradients on, each chunk is recomputed in backward (activation checkpointing) so the saved
+state is the [B, T, H] hidden states, not [B, T, V] logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+# Configs whose lm-head output is not plain `hidden @ W.T (+ b)`; they take the generic path.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as `generate` computes them. [B, L]"""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """hidden [R, H], targets [R] -> log-probs [R]; logits exist only for these R rows."""
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()    # [R, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)        # [R]
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def _chunk_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   temperature: float) -> torch.Tensor:
+    logits = torch.nn.functional.linear(hidden, weight, bias).float() / temperature  # [R, V]
+    logp = torch.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(-1)                                 # [R]
+
+
+def _uses_plain_head(model) -> bool:
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(model, "get_decoder") or model.get_output_embeddings() is None:
+        return False
+    return not any(getattr(cfg, name, None) not in (None, 1.0) for name in _LOGIT_TRANSFORMS)
+
+
+def per_token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,          # [B, P + T] prompt (left-padded) followed by completion tokens
+    attention_mask: torch.Tensor,     # [B, P + T]
+    completion_length: int,           # T
+    temperature: float = 1.0,
+    chunk_rows: int = 1024,
+    return_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of the last `completion_length` tokens of each row. Returns [B, T] (float32).
+
+    Args:
+        model: any causal LM; plain lm-head models (Llama, Qwen, Mistral, SmolLM, ...) use the chunked
+            path, others compute the completion logits then the same gather - logsumexp.
+        chunk_rows: B*T rows per lm-head chunk; peak logits memory is chunk_rows x V.
+        return_entropy: also return the policy's token entropy [B, T] (no grad), for metrics.
+    """
+    T = completion_length
+    targets = input_ids[:, -T:]                                           # [B, T]
+    positions = position_ids_from_mask(attention_mask)
+    if _uses_plain_head(model):
+        out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
+        hidden = out.last_hidden_state[:, -T - 1:-1]                      # [B, T, H] predicts tokens -T..-1
+        head = model.get_output_embeddings()
+        weight, bias = head.weight, head.bias
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                       logits_to_keep=T + 1).logits[:, :-1]               # [B, T, V]
+        hidden, weight, bias = logits, None, None
+    B, _, H = hidden.shape
+    flat_h = hidden.reshape(B * T, H)                                     # [B*T, H]
+    flat_t = targets.reshape(B * T)
+    pieces, entropies = [], []
+    for start in range(0, B * T, chunk_rows):
+        h, t = flat_h[start:start + chunk_rows], flat_t[start:start + chunk_rows]
+        if weight is None:  # generic path: h already holds logits
+            lp = torch.log_softmax(h.float() / temperature, -1).gather(-1, t[:, None]).squeeze(-1)
+        elif torch.is_grad_enabled():
+            lp = checkpoint(_chunk_logprobs, h, t, weight, bias, temperature, use_reentrant=False)
+        else:
+            lp = _chunk_logprobs(h, t, weight, bias, temperature)
+        pieces.append(lp)
+        if return_entropy:
+            with torch.no_grad():
+                if weight is None:
+                    logp = torch.log_softmax(h.float() / temperature, -1)
+                    entropies.append(-(logp.exp() * logp).sum(-1))
+                else:
+                    entropies.append(_chunk_entropy(h.detach(), weight.detach(), bias, temperature))
+    logprobs = torch.cat(pieces).view(B, T)
+    if return_entropy:
+        return logprobs, torch.cat(entropies).view(B, T)
+    return logprobs

@@ -1,0 +1,163 @@
+"""[E-F] The GRPO objective, per token, as pure functions over tensors.
+
+DeepSeekMath eq. (3), for completion i of a group and its token t:
+
+    r_{i,t}   = exp(logp_new - logp_old)                                 (per-token ratio)
+    L^clip    = min(r_{i,t} * A_{i,t}, clip(r_{i,t}, 1 - eps_low, 1 + eps_high) * A_{i,t})
+    KL_{i,t}  = exp(ref - new) - (ref - new) - 1                         (k3, eq. 4; >= 0)
+    J_{i,t}   = L^clip - beta * KL_{i,t}
+    loss      = - 1/G sum_i 1/|o_i| sum_t J_{i,t}                        (loss_type "grpo")
+
+Variants, one named switch each (`aggregate_loss`, `importance_weights`):
+
+    loss_type "grpo"     - sum_i (1/|o_i|) sum_t J_{i,t} / N_seq             per-completion token mean (eq. 3)
+    loss_type "bnpo"     - sum_{i,t} J_{i,t} / sum_i |o_i|   (this micro-batch)  masked token mean
+    loss_type "dr_grpo"  - sum_{i,t} J_{i,t} / (N_seq * T_max)                Dr. GRPO: constant normalizer
+    loss_type "dapo"     - sum_{i,t} J_{i,t} / N_tok                          DAPO: tokens of the whole batch
+
+    importance_sampling_level "token"    r_{i,t} as above (eq. 3)
+    importance_sampling_level "sequence" s_i = exp( 1/|o_i| sum_t (logp_new - logp_old) ), one ratio per
+                                         completion, clipped once (GSPO)
+    delta (optional)                     r_{i,t} <- min(r_{i,t}, delta) in the unclipped branch (bounds the
+                                         ratio for negative advantages, two-sided clipping)
+
+N_seq and N_tok default to this call's completions and valid tokens; passing the whole generation
+batch's counts makes micro-batch losses sum to the big-batch loss for grpo, dr_grpo and dapo
+(gradient accumulation gives the same update). bnpo normalizes per micro-batch, so it does not.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+IS_LEVELS = ("token", "sequence")
+
+
+def k3_kl(new_logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi_new || pi_ref): exp(ref - new) - (ref - new) - 1 >= 0. [N, T]"""
+    delta = ref_logprobs - new_logprobs                                   # [N, T]
+    return torch.exp(delta) - delta - 1.0
+
+
+def importance_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """Log importance weights at the chosen level: token [N, T], or sequence [N, 1] (GSPO)."""
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        lengths = mask.sum(-1).clamp(min=1.0)                             # [N]
+        return ((log_ratio * mask).sum(-1) / lengths).unsqueeze(-1)       # [N, 1]
+    raise ValueError(f"importance_sampling_level must be one of {IS_LEVELS}, got {level!r}")
+
+
+def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, loss_type: str,
+                   num_sequences: float | None = None, num_tokens: float | None = None,
+                   max_completion_length: int | None = None) -> torch.Tensor:
+    """Reduce a [N, T] per-token loss to a scalar with the named normalization (module docstring)."""
+    n_seq = float(mask.shape[0]) if num_sequences is None else float(num_sequences)
+    masked = per_token_loss * mask                                        # [N, T]
+    if loss_type == "grpo":
+        per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)            # [N]; all-masked rows give 0
+        return per_seq.sum() / n_seq
+    if loss_type == "bnpo":
+        return masked.sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        t_max = mask.shape[1] if max_completion_length is None else max_completion_length
+        return masked.sum() / (n_seq * t_max)
+    if loss_type == "dapo":
+        n_tok = mask.sum().clamp(min=1.0) if num_tokens is None else max(float(num_tokens), 1.0)
+        return masked.sum() / n_tok
+    raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def grpo_objective_from_logprobs(
+    new_logprobs: torch.Tensor,               # [N, T] log pi_theta(o_t | q, o_<t), with grad
+    old_logprobs: torch.Tensor | None,        # [N, T] log pi_theta_old; None = new.detach() (mu = 1)
+    ref_logprobs: torch.Tensor | None,        # [N, T] log pi_ref; None skips the KL term
+    completion_mask: torch.Tensor,            # [N, T] 1 for valid tokens (up to and incl. the first EOS)
+    advantages: torch.Tensor,                 # [N] outcome, or [N, T] per-token (process supervision)
+    clip_eps: float = 0.2,
+    kl_coef: float = 0.04,
+    *,
+    clip_eps_high: float | None = None,
+    delta: float | None = None,
+    loss_type: str = "grpo",
+    importance_sampling_level: str = "token",
+    num_sequences: float | None = None,
+    num_tokens: float | None = None,
+    max_completion_length: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped GRPO surrogate minus the k3 KL penalty, per token, aggregated by `loss_type`.
+
+    Returns:
+        (loss, metrics): loss is a scalar to minimize (minus the objective). metrics are detached
+        0-d tensors: loss, policy_loss (clip term only), approx_kl (mean k3 over valid tokens),
+        mean_ratio, clip_ratio (share of valid tokens where the clip is active), clip_ratio_low,
+        clip_ratio_high. Convert them once per step, not per micro-batch.
+    """
+    mask = completion_mask.to(new_logprobs.dtype)                         # [N, T]
+    if old_logprobs is None:
+        old_logprobs = new_logprobs.detach()
+    adv = advantages.to(new_logprobs.dtype)
+    adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv                    # [N, 1] or [N, T]
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+
+    log_w = importance_weights(new_logprobs - old_logprobs, mask, importance_sampling_level)
+    ratio = torch.exp(log_w)                                              # [N, T] or [N, 1]
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
+    unclipped = torch.clamp(ratio, max=delta) if delta is not None else ratio
+    surrogate = torch.min(unclipped * adv, clipped * adv)                 # [N, T]
+    per_token_loss = -surrogate
+    with torch.no_grad():
+        policy_loss = aggregate_loss(per_token_loss, mask, loss_type, num_sequences, num_tokens,
+                                     max_completion_length)
+
+    if ref_logprobs is not None and kl_coef != 0.0:
+        kl = k3_kl(new_logprobs, ref_logprobs)                            # [N, T]
+        per_token_loss = per_token_loss + kl_coef * kl
+        approx_kl = _masked_mean(kl.detach(), mask)
+    else:
+        approx_kl = torch.zeros((), dtype=new_logprobs.dtype)
+    loss = aggregate_loss(per_token_loss, mask, loss_type, num_sequences, num_tokens, max_completion_length)
+
+    with torch.no_grad():
+        r = ratio.expand_as(mask)
+        a = adv.expand_as(mask)
+        low = ((r < 1.0 - clip_eps) & (a < 0)).to(mask.dtype)            # clip active on the low side
+        high = ((r > 1.0 + eps_high) & (a > 0)).to(mask.dtype)           # clip active on the high side
+        metrics = {
+            "loss": loss.detach(),
+            "policy_loss": policy_loss,
+            "approx_kl": approx_kl,
+            "mean_ratio": _masked_mean(r, mask),
+            "clip_ratio_low": _masked_mean(low, mask),
+            "clip_ratio_high": _masked_mean(high, mask),
+            "clip_ratio": _masked_mean(low + high, mask),
+        }
+    return loss, metrics
+
+
+def grpo_loss(model, rollout, advantages: torch.Tensor, ref_model=None, old_logprobs: torch.Tensor | None = None,
+              clip_eps: float = 0.2, kl_coef: float = 0.04, temperature: float = 1.0,
+              **objective_kw) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """[E-F] with the forward passes: the GRPO loss of a `Rollout` under `model`.
+
+    new log-probs carry gradients; the reference's are computed under inference mode. Extra keyword
+    arguments (loss_type, clip_eps_high, importance_sampling_level, ...) go to
+    `grpo_objective_from_logprobs`.
+    """
+    from .logprobs import per_token_logprobs
+
+    T = rollout.completion_ids.shape[1]
+    new = per_token_logprobs(model, rollout.input_ids, rollout.attention_mask, T, temperature=temperature)
+    ref = None
+    if ref_model is not None and kl_coef != 0.0:
+        with torch.inference_mode():
+            ref = per_token_logprobs(ref_model, rollout.input_ids, rollout.attention_mask, T, temperature=temperature)
+        ref = ref.clone()
+    return grpo_objective_from_logprobs(new, old_logprobs, ref, rollout.completion_mask, advantages,
+                                        clip_eps, kl_coef, **objective_kw)

@@ -1,0 +1,23 @@
+"""Shared fixtures: tiny random-init models and the offline character tokenizer (no downloads)."""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer():
+    from grpokit.models import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+@pytest.fixture()
+def tiny_model(char_tokenizer):
+    from grpokit.models import tiny_random_model
+
+    return tiny_random_model(char_tokenizer, seed=0)
