@@ -32,7 +32,7 @@ DEMO: dict[str, Any] = {
 
 SUBCOMMANDS = {  # name -> module with main(argv) -> int, for the commands that live beside their code
     "eval": "grpokit.evaluate", "sft": "grpokit.sft", "plot": "grpokit.plots", "report": "grpokit.report",
-    "bench": "grpokit.bench",
+    "bench": "grpokit.bench", "vllm-serve": "grpokit.vllm_serve",
 }
 
 
@@ -89,7 +89,7 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("items", nargs="*", help="an optional YAML config, then key=value overrides")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in output_dir")
-    args, _ = p.parse_known_args(argv)
+    args = p.parse_intermixed_args(argv)
     path = args.items[0] if args.items and "=" not in args.items[0] else None
     overrides = args.items[1:] if path else args.items
     cfg = train_config(path, overrides, args.resume, args.overwrite)

@@ -57,7 +57,7 @@ class TaskConfig:
     digits: int = _f(2, "arithmetic: digits per operand")
     terms: int = _f(2, "arithmetic: operands per problem")
     operators: str = _f("+-", "arithmetic: operators drawn from (subset of +-*)")
-    num_train: int = _f(20000, "arithmetic: training problems generated")
+    num_train: int = _f(15000, "arithmetic: training problems generated")
     num_eval: int = _f(500, "arithmetic: held-out problems (disjoint from train)")
     seed: int = _f(1234, "arithmetic: generator seed")
     chat_template: bool = _f(False, "render prompts with the tokenizer's chat template")
@@ -81,6 +81,10 @@ class RolloutConfig:
     generation_batch_size: int = _f(0, "completions decoded at once; 0 = the whole batch")
     dynamic_sampling: bool = _f(False, "DAPO: drop groups whose rewards are all equal, resample")
     max_resample_rounds: int = _f(3, "bound on extra generation rounds for dynamic sampling")
+    vllm_mode: str = _f("colocate", "backend=vllm: colocate (an LLM engine in each training process, slept "
+                        "during the update) | server (a `grpokit vllm-serve` process, weights pushed each step)")
+    vllm_gpu_memory_utilization: float = _f(0.3, "backend=vllm colocate: share of GPU memory vLLM may take")
+    vllm_server_base_url: str = _f("http://localhost:8000", "backend=vllm server: where `grpokit vllm-serve` listens")
 
 
 @dataclass
@@ -107,6 +111,14 @@ class LossConfig:
     mask_truncated_completions: bool = _f(False, "completions without EOS contribute no loss")
     ref_model_sync_steps: int = _f(0, "every N steps: ref <- a * policy + (1 - a) * ref; 0 = never")
     ref_model_mixup_alpha: float = _f(1.0, "a in the reference reset (1.0 = the paper's reset)")
+    tis_level: str = _f("token", "backend=vllm: truncated importance sampling of the sampler/trainer "
+                        "mismatch, per token | sequence | none (loss.truncated_is_weights)")
+    tis_cap: float = _f(2.0, "backend=vllm: cap C on the importance weight min(pi_old / pi_sampler, C)")
+    algorithm: str = _f("grpo", "grpo (group baseline, no critic) | ppo (value-model baseline, for comparison)")
+    gamma: float = _f(1.0, "ppo: GAE discount gamma")
+    lam: float = _f(0.95, "ppo: GAE lambda (gamma = lam = 1 gives A_t = R - V_t)")
+    vf_coef: float = _f(0.1, "ppo: value-loss coefficient")
+    cliprange_value: float = _f(0.2, "ppo: value predictions clipped to old value +- this")
 
 
 @dataclass
@@ -132,13 +144,16 @@ class RunConfig:
     eval_limit: int = _f(0, "held-out problems per evaluation; 0 = none, -1 = all")
     save_steps: int = _f(0, "checkpoint every N steps; 0 = only the final model")
     save_total_limit: int = _f(2, "checkpoints kept")
-    resume: bool = _f(False, "continue from the newest complete checkpoint in output_dir")
+    resume: bool | str = _f(False, "true: continue from the newest complete checkpoint in output_dir (error if "
+                            "none) | auto: continue if there is one, else start fresh | false")
     overwrite: bool = _f(False, "allow an output_dir that holds another run")
     report_to: list = _f([], "extra loggers: tensorboard, wandb, mlflow, trackio")
     log_completions_steps: int = _f(0, "write sample completions every N steps; 0 = never")
     track_prompts: bool = _f(False, "per-prompt reward history")
     max_bad_steps: int = _f(3, "stop after this many non-finite updates in a row")
     progress: bool = _f(True, "show a progress bar")
+    fsdp: bool = _f(False, "with several ranks (torchrun): shard weights, gradients and optimizer state "
+                    "with PyTorch FSDP2 instead of replicating them (DDP)")
 
 
 SECTIONS = {"model": ModelConfig, "task": TaskConfig, "rollout": RolloutConfig,
@@ -166,6 +181,9 @@ CHOICES = {
     "loss.loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
     "loss.importance_sampling_level": ("token", "sequence"),
     "loss.scale_rewards": ("group", "batch", "none"),
+    "rollout.vllm_mode": ("colocate", "server"),
+    "loss.tis_level": ("token", "sequence", "none"),
+    "loss.algorithm": ("grpo", "ppo"),
     "optim.lr_scheduler_type": ("constant", "linear"),
     "optim.optim": ("adamw", "adamw_8bit"),
 }
@@ -248,6 +266,8 @@ def _coerce(key: str, value: Any) -> Any:
                     return True
                 if low in ("false", "0", "no", "off"):
                     return False
+                if str in args:  # a `bool | str` field (run.resume): validate checks the word
+                    return low
                 raise ValueError
             if isinstance(value, (bool, int)) and value in (0, 1):
                 return bool(value)
@@ -391,6 +411,9 @@ def validate(cfg: GRPOConfig) -> None:
     _check(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
     _check(r.top_k >= 0, f"rollout.top_k must be >= 0 (0 keeps all tokens), got {r.top_k}")
     _check(r.max_resample_rounds >= 0, f"rollout.max_resample_rounds must be >= 0, got {r.max_resample_rounds}")
+    _check(0 < r.vllm_gpu_memory_utilization <= 1,
+           f"rollout.vllm_gpu_memory_utilization must be in (0, 1], got {r.vllm_gpu_memory_utilization}")
+    _check(cfg.loss.tis_cap >= 1, f"loss.tis_cap must be >= 1 (weights above it are truncated), got {cfg.loss.tis_cap}")
     for name, value in (("generation_batch_size", r.generation_batch_size),):
         _check(value >= 0, f"rollout.{name} must be >= 0 (0 = whole batch), got {value}")
         _check(value == 0 or value % r.num_generations == 0,
@@ -423,6 +446,9 @@ def validate(cfg: GRPOConfig) -> None:
     for name in ("eval_steps", "save_steps", "log_completions_steps", "save_total_limit"):
         _check(getattr(run, name) >= 0, f"run.{name} must be >= 0, got {getattr(run, name)}")
     _check(run.eval_limit >= -1, f"run.eval_limit must be >= -1 (-1 = all), got {run.eval_limit}")
+    _check(run.resume in (False, True, "auto"), f"run.resume must be true, false or auto, got {run.resume!r}")
+    _check(not (run.resume and run.overwrite), "run.resume and run.overwrite conflict: --resume continues the "
+           "run in output_dir, --overwrite deletes it; pass only one")
     _check(run.max_bad_steps >= 1, f"run.max_bad_steps must be >= 1, got {run.max_bad_steps}")
     _check(bool(cfg.reward.funcs), "reward.funcs is empty: name at least one reward, e.g. {rule: 1.0}")
     for name, weight in cfg.reward.funcs.items():
@@ -436,6 +462,17 @@ def validate(cfg: GRPOConfig) -> None:
            f"reward.step_correct_reward ({cfg.reward.step_correct_reward}) must be > reward.step_wrong_reward "
            f"({cfg.reward.step_wrong_reward}): a right step must earn more than a wrong one")
     _check(cfg.model.lora_r >= 0, f"model.lora_r must be >= 0 (0 = full fine-tuning), got {cfg.model.lora_r}")
+    _check(not (cfg.model.lora_r and lo.ref_model_sync_steps),
+           "loss.ref_model_sync_steps needs full fine-tuning: with model.lora_r > 0 the reference is the base "
+           "model itself; set loss.ref_model_sync_steps=0")
+    _check(0 <= lo.gamma <= 1 and 0 <= lo.lam <= 1, f"loss.gamma and loss.lam must be in [0, 1], got "
+           f"{lo.gamma} and {lo.lam}")
+    _check(lo.vf_coef > 0, f"loss.vf_coef must be > 0, got {lo.vf_coef}")
+    _check(lo.cliprange_value > 0, f"loss.cliprange_value must be > 0, got {lo.cliprange_value}")
+    _check(lo.algorithm != "ppo" or not cfg.model.lora_r,
+           "loss.algorithm=ppo is a full fine-tuning baseline: set model.lora_r=0 or loss.algorithm=grpo")
+    _check(lo.algorithm != "ppo" or not run.resume,
+           "loss.algorithm=ppo does not checkpoint its value model: drop run.resume or use loss.algorithm=grpo")
     t = cfg.task
     _check(t.name == "arithmetic" or t.path is not None or t.name in ("gsm8k", "math500"),
            f"task.path is required for task.name={t.name}: give the jsonl file")
