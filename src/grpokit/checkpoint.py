@@ -1,16 +1,34 @@
-"""Checkpoints: atomic save, resume, and the output-directory guard.
+"""Checkpoints: atomic save, verified resume, and the output-directory guard.
 
-A checkpoint is written into a temporary folder, fsynced, then renamed to checkpoint-<step>; the
-`latest` pointer is rewritten last, so a kill at any moment leaves the previous checkpoint whole.
+Layout of run.output_dir (see docs/reliability.md):
+
+    checkpoint-<step>/
+        model.safetensors      policy weights (tied weights stored once)
+        ref_model.safetensors  frozen reference pi_ref (only when loss.beta > 0)
+        trainer_state.pt       optimizer, LR scheduler, RNG states (python, numpy, torch CPU, CUDA),
+                               step, data cursor, bad_steps, metrics.jsonl offset (bytes, rows)
+        config.json            the resolved config that produced it
+        manifest.json          size and sha256 of every file above; written last
+    latest                     name of the newest complete checkpoint; rewritten last
+
+A checkpoint is written into `.tmp-checkpoint-<step>/`, fsynced, then renamed: a kill at any moment
+leaves the previous checkpoints whole. Resume takes the newest checkpoint whose manifest matches
+its files; a truncated or altered one is moved aside to `checkpoint-<step>.corrupt` with a warning
+and the one before it is used.
+
+Test-only hook: GRPOKIT_TEST_PAUSE_IN_SAVE=SECONDS[@STEP] sleeps inside save_checkpoint (after the
+files are written, before the rename), so a test can kill the process in the middle of a save.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,105 +37,371 @@ import torch
 
 log = logging.getLogger("grpokit")
 
+MANIFEST = "manifest.json"
+STATE_FILE = "trainer_state.pt"
+METRICS_FILE = "metrics.jsonl"
+PAUSE_ENV = "GRPOKIT_TEST_PAUSE_IN_SAVE"
+
+# Config keys that may change between a checkpoint and its resume: they change what is logged,
+# saved or evaluated, where things run, or how a batch is split in memory, not which samples are
+# drawn or how the policy is updated. Every other key must match the checkpoint's config.
+HARMLESS_KEYS = frozenset({
+    "run.max_steps", "run.logging_steps", "run.eval_steps", "run.eval_limit", "run.save_steps",
+    "run.save_total_limit", "run.resume", "run.overwrite", "run.report_to", "run.log_completions_steps",
+    "run.track_prompts", "run.max_bad_steps", "run.progress", "run.output_dir", "task.eval_split",
+    "model.device", "model.gradient_checkpointing", "optim.micro_batch_size", "rollout.generation_batch_size",
+})
+
 
 class OutputDirError(ValueError):
     """The output directory cannot be used as asked: the message says what to change."""
 
 
-def _checkpoints(out_dir: Path) -> list[Path]:
-    found = [p for p in out_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+class CheckpointError(OutputDirError):
+    """A checkpoint cannot be written or resumed from: the message says what to change."""
+
+
+def list_checkpoints(out_dir: str | Path) -> list[Path]:
+    """The checkpoint-<step> folders in out_dir, oldest first (unverified)."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return []
+    found = [p for p in out.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
     return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
 
 
 def prepare_output_dir(cfg) -> None:
-    """Refuse an output_dir holding another run unless run.resume or run.overwrite is set."""
+    """Create run.output_dir; refuse one holding another run unless run.resume or run.overwrite is set.
+
+    Leftovers of a save that was killed (`.tmp-checkpoint-*`) are removed.
+    """
     out = Path(cfg.run.output_dir)
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"run.output_dir '{out}' is a file: give a folder path")
-    busy = out.is_dir() and (_checkpoints(out) or (out / "metrics.jsonl").exists())
+    busy = out.is_dir() and (list_checkpoints(out) or (out / METRICS_FILE).exists())
     if busy and not (cfg.run.resume or cfg.run.overwrite):
         raise OutputDirError(f"run.output_dir '{out}' already holds a run: pass --resume to continue it, "
                              "--overwrite to replace it, or choose another run.output_dir")
-    if busy and cfg.run.overwrite and not cfg.run.resume:
-        for item in out.iterdir():
-            shutil.rmtree(item) if item.is_dir() else item.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        if busy and cfg.run.overwrite and not cfg.run.resume:
+            for item in out.iterdir():
+                shutil.rmtree(item) if item.is_dir() else item.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in list(out.glob(".tmp-checkpoint-*")) + list(out.glob(".old-checkpoint-*")):
+            shutil.rmtree(stale, ignore_errors=True)
+        probe = out / ".grpokit-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise OutputDirError(f"cannot write to run.output_dir '{out}' ({e.strerror or e}): "
+                             "fix its permissions or choose another run.output_dir") from None
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    """Every RNG the loop draws from, as plain lists and tensors (loadable with weights_only=True)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss],
+                             "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+                             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Restore the states from `rng_state` (CUDA only when a device is present)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_tree(folder: Path) -> None:
-    for p in folder.rglob("*"):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
-def save_checkpoint(state, out_dir: str | Path) -> Path:
-    """Write checkpoint-<step> atomically; keep the newest run.save_total_limit of them."""
-    from safetensors.torch import save_file
+def _fsync(path: Path) -> None:
+    """fsync a file, or a folder's entry table (so a rename inside it is durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    out = Path(out_dir)
-    final = out / f"checkpoint-{state.step}"
-    tmp = out / f".tmp-checkpoint-{state.step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weights = {k: v.detach().contiguous().cpu() for k, v in state.model.state_dict().items()}
-    save_file(weights, tmp / "model.safetensors")
-    torch.save({"optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
-                "rng": rng_state(), "step": state.step, "cursor": state.stream.cursor,
-                "bad_steps": state.bad_steps}, tmp / "trainer_state.pt")
+
+def _tensor_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _needed_bytes(state) -> int:
+    """About what one checkpoint takes on disk: policy, reference and optimizer tensors."""
+    opt = [v for s in state.optimizer.state.values() for v in s.values()]
+    ref = list(state.ref_model.state_dict().values()) if state.ref_model is not None else []
+    return _tensor_bytes(state.model.state_dict().values()) + _tensor_bytes(ref) + _tensor_bytes(opt)
+
+
+def _test_pause(step: int) -> None:
+    """Test-only: sleep inside the save when GRPOKIT_TEST_PAUSE_IN_SAVE=SECONDS[@STEP] says so."""
+    spec = os.environ.get(PAUSE_ENV)
+    if not spec:
+        return
+    seconds, _, at = spec.partition("@")
+    if not at or int(at) == step:
+        time.sleep(float(seconds))
+
+
+def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None) -> None:
+    """Every file of the checkpoint, then the manifest of their sizes and sha256 (last)."""
+    from safetensors.torch import save_model
+
+    save_model(state.model, str(tmp / "model.safetensors"))
     if state.ref_model is not None:
-        save_file({k: v.detach().contiguous().cpu() for k, v in state.ref_model.state_dict().items()},
-                  tmp / "ref_model.safetensors")
+        save_model(state.ref_model, str(tmp / "ref_model.safetensors"))
+    metrics = out / METRICS_FILE
+    size = metrics.stat().st_size if metrics.exists() else 0
+    rows = metrics.read_bytes().count(b"\n") if size else 0
+    torch.save({"optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
+                "rng": rng_state(), "rank_rng": getattr(state, "rank_rng", None),  # every rank's, when distributed
+                "step": state.step, "cursor": state.stream.cursor,
+                "bad_steps": state.bad_steps, "skipped_updates": getattr(state, "skipped_updates", 0),
+                "metrics_offset": {"bytes": size, "rows": rows},
+                "metrics_row": None if metrics_row is None else json.dumps(metrics_row, default=float)},
+               tmp / STATE_FILE)
     (tmp / "config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
-    _fsync_tree(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    pointer = out / "latest.tmp"
-    pointer.write_text(final.name)
-    os.replace(pointer, out / "latest")
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
+    (tmp / MANIFEST).write_text(json.dumps({"format": 1, "step": state.step, "files": files}, indent=2))
+    for p in tmp.iterdir():
+        _fsync(p)
+    _fsync(tmp)
+
+
+def save_checkpoint(state, out_dir: str | Path, metrics_row: dict[str, Any] | None = None) -> Path:
+    """Write checkpoint-<step> atomically, point `latest` at it, keep the newest run.save_total_limit.
+
+    metrics_row: this step's metrics.jsonl row when the loop writes it after the save; the checkpoint
+    keeps a copy, so a kill between the save and the write still leaves the step logged once.
+
+    Order: files into .tmp-checkpoint-<step>/ (manifest last) -> fsync -> rename -> fsync the folder
+    -> rewrite `latest` -> delete the oldest. A kill or an error at any point leaves the previous
+    checkpoints complete.
+
+    Raises:
+        CheckpointError: not enough disk space, no write permission, or any other write failure
+            (one line; the partial folder is removed and the previous checkpoint is intact).
+    """
+    out = Path(out_dir)
+    final, tmp = out / f"checkpoint-{state.step}", out / f".tmp-checkpoint-{state.step}"
+    previous = list_checkpoints(out)
+    keep_note = f"the previous checkpoint {previous[-1]} is intact" if previous else "no checkpoint was written"
+    need, free = _needed_bytes(state), shutil.disk_usage(out).free
+    if free < need:
+        raise CheckpointError(f"cannot save {final.name}: it needs about {need / 2**20:.1f} MiB but only "
+                              f"{free / 2**20:.1f} MiB is free on '{out}': free disk space; {keep_note}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        _write_files(state, tmp, out, metrics_row)
+        _test_pause(state.step)
+        if final.exists():  # the same step saved again after a fallback: move the old one aside first
+            old = out / f".old-checkpoint-{state.step}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, final)
+        _fsync(out)
+        pointer = out / "latest.tmp"
+        pointer.write_text(final.name)
+        _fsync(pointer)
+        os.replace(pointer, out / "latest")
+        _fsync(out)
+    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise CheckpointError(f"cannot save {final.name} in '{out}' ({cause}): free disk space or fix "
+                              f"write permission; {keep_note}") from None
     limit = state.cfg.run.save_total_limit
     if limit:
-        for old in _checkpoints(out)[:-limit]:
-            shutil.rmtree(old, ignore_errors=True)
+        for old_ckpt in [p for p in list_checkpoints(out) if p != final][:-limit + 1 or None]:
+            shutil.rmtree(old_ckpt, ignore_errors=True)
     return final
 
 
-def load_checkpoint(state, folder: Path) -> None:
-    from safetensors.torch import load_file
+def verify_checkpoint(folder: Path) -> str | None:
+    """None when every file matches the manifest, else what is wrong (one phrase)."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return "no manifest.json"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return "manifest.json is unreadable"
+    for name in ("model.safetensors", STATE_FILE, "config.json"):
+        if name not in files:
+            return f"the manifest lists no {name}"
+    for name, want in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != want["bytes"]:
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {want['bytes']} (truncated?)"
+        if _sha256(path) != want["sha256"]:
+            return f"{name} does not match its sha256 in the manifest (altered?)"
+    return None
 
-    state.model.load_state_dict(load_file(folder / "model.safetensors"))
-    if state.ref_model is not None and (folder / "ref_model.safetensors").exists():
-        state.ref_model.load_state_dict(load_file(folder / "ref_model.safetensors"))
-    blob = torch.load(folder / "trainer_state.pt", weights_only=False)
+
+def newest_complete_checkpoint(out_dir: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies, and a note per newer one that did not.
+
+    Each failed checkpoint is renamed to checkpoint-<step>.corrupt (kept for inspection, never
+    resumed from or pruned) and a warning is logged.
+    """
+    problems = []
+    for folder in reversed(list_checkpoints(out_dir)):
+        problem = verify_checkpoint(folder)
+        if problem is None:
+            return folder, problems
+        problems.append(f"{folder.name}: {problem}")
+        aside = folder.with_name(folder.name + ".corrupt")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(folder, aside)
+        log.warning("checkpoint %s is damaged (%s): moved it to %s and falling back to the one before it",
+                    folder, problem, aside.name)
+    return None, problems
+
+
+def _flat(tree: dict[str, Any]) -> dict[str, Any]:
+    return {f"{s}.{k}": v for s, sec in tree.items() if isinstance(sec, dict) for k, v in sec.items()}
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(differences that matter, harmless differences) as 'key old -> new' strings.
+
+    Keys present in only one of the two configs (added or removed by a grpokit upgrade) are not
+    compared; `preset` is not compared either, since the keys it sets are.
+    """
+    old, new = _flat(saved), _flat(current)
+    matter, harmless = [], []
+    for key in sorted(old.keys() & new.keys()):
+        if old[key] != new[key]:
+            (harmless if key in HARMLESS_KEYS else matter).append(f"{key} {old[key]!r} -> {new[key]!r}")
+    return matter, harmless
+
+
+def load_checkpoint(state, folder: Path) -> dict[str, Any]:
+    """Restore weights, optimizer, scheduler, RNG, step, data cursor and bad_steps from `folder`.
+
+    Returns:
+        The trainer-state record (with "metrics_offset").
+    """
+    from safetensors.torch import load_model
+
+    load_model(state.model, str(folder / "model.safetensors"))
+    if state.ref_model is not None:
+        if not (folder / "ref_model.safetensors").exists():
+            raise CheckpointError(f"{folder} has no ref_model.safetensors but loss.beta > 0: "
+                                  "resume with the checkpoint's loss.beta")
+        load_model(state.ref_model, str(folder / "ref_model.safetensors"))
+    blob = torch.load(folder / STATE_FILE, weights_only=True, map_location="cpu")
     state.optimizer.load_state_dict(blob["optimizer"])
     state.scheduler.load_state_dict(blob["scheduler"])
     state.step, state.stream.cursor, state.bad_steps = blob["step"], blob["cursor"], blob["bad_steps"]
-    set_rng_state(blob["rng"])
+    state.skipped_updates = blob.get("skipped_updates", 0)
+    ranks, dist = blob.get("rank_rng") or [], getattr(state, "dist", None)  # distributed: each rank its own
+    set_rng_state(ranks[dist.rank] if dist is not None and len(ranks) == dist.world_size > 1 else blob["rng"])
+    return blob
 
 
-def resume_if_requested(state, out_dir: Path) -> bool:
-    """Load the newest checkpoint when run.resume is set; False when there is none (fresh start)."""
-    if not state.cfg.run.resume:
+def _cut_logs(out_dir: Path, step: int, offset: int, pending_row: str | None) -> None:
+    """metrics.jsonl back to its state at checkpoint `step`; eval.jsonl rows after `step` dropped.
+
+    metrics.jsonl is cut at `offset` (its length when the checkpoint was written); when the loop
+    writes the step's row after the save, that row is kept if it reached the file, else the
+    checkpoint's copy (`pending_row`) is appended: every step stays logged exactly once.
+    """
+    metrics = out_dir / METRICS_FILE
+    data = metrics.read_bytes() if metrics.exists() else b""
+    if len(data) < offset:
+        log.warning("%s is shorter than when checkpoint-%d was saved: earlier rows are missing", metrics, step)
+        offset = len(data)
+    keep, tail = data[:offset], b""
+    if pending_row is not None:
+        line, newline, _ = data[offset:].partition(b"\n")
+        tail = line + newline if newline and _row_step(line.decode("utf-8", "replace")) == step \
+            else pending_row.encode("utf-8") + b"\n"
+    if keep + tail != data:
+        tmp = metrics.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(keep + tail)
+            os.fsync(f.fileno())
+        os.replace(tmp, metrics)
+    evals = out_dir / "eval.jsonl"
+    if evals.exists():
+        lines = evals.read_text(encoding="utf-8").splitlines()
+        kept = [ln for ln in lines if _row_step(ln) <= step]
+        if len(kept) != len(lines):
+            tmp = evals.with_suffix(".tmp")
+            tmp.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+            os.replace(tmp, evals)
+
+
+def _row_step(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return float("inf")  # a line cut by a kill: drop it
+
+
+def resume_if_requested(state, out_dir: str | Path) -> bool:
+    """Continue from the newest complete checkpoint when run.resume is true or "auto".
+
+    run.resume=true requires a checkpoint; "auto" starts fresh when there is none (clearing the
+    logs of an attempt killed before its first checkpoint). The checkpoint's config must match the
+    current one except for HARMLESS_KEYS.
+
+    Returns:
+        True when a checkpoint was loaded.
+
+    Raises:
+        CheckpointError: no complete checkpoint (run.resume=true), or a config change that matters.
+    """
+    mode, out = state.cfg.run.resume, Path(out_dir)
+    if not mode:
         return False
-    found = _checkpoints(Path(out_dir))
-    if not found:
-        log.warning("run.resume is set but %s has no checkpoint: starting from step 0", out_dir)
+    folder, problems = newest_complete_checkpoint(out)
+    if folder is None:
+        damaged = f" (damaged: {'; '.join(problems)})" if problems else ""
+        if mode != "auto":
+            raise CheckpointError(f"--resume: '{out}' holds no complete checkpoint{damaged}: set run.resume=auto "
+                                  "to start fresh when there is none, or use --overwrite")
+        log.info("run.resume=auto: no complete checkpoint in %s%s; starting from step 0", out, damaged)
+        for name in (METRICS_FILE, "eval.jsonl"):
+            (out / name).unlink(missing_ok=True)
         return False
-    load_checkpoint(state, found[-1])
-    log.info("resumed from %s (step %d)", found[-1], state.step)
+    saved = json.loads((folder / "config.json").read_text())
+    matter, harmless = config_differences(saved, state.cfg.to_dict())
+    if matter:
+        raise CheckpointError(f"cannot resume from {folder}: the config differs where it matters: "
+                              f"{', '.join(matter)}: restore these values, or start a new run with "
+                              "--overwrite or another run.output_dir")
+    if harmless:
+        log.info("resuming with changed settings: %s", ", ".join(harmless))
+    blob = load_checkpoint(state, folder)
+    _cut_logs(out, state.step, blob["metrics_offset"]["bytes"], blob.get("metrics_row"))
+    log.info("resumed from %s (step %d)", folder, state.step)
+    if state.step >= state.cfg.run.max_steps:
+        log.warning("the checkpoint is at step %d and run.max_steps is %d: nothing left to train; "
+                    "raise run.max_steps to continue", state.step, state.cfg.run.max_steps)
     return True

@@ -257,6 +257,8 @@ def _coerce(key: str, value: Any) -> Any:
     if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and base is not str):
         if optional:
             return None
+        if base is list:  # `run.report_to: none` (TRL's spelling) = the empty list
+            return []
         raise ConfigError(f"{key} cannot be empty: give a {getattr(base, '__name__', base)}")
     try:
         if base is bool:
@@ -489,5 +491,6 @@ def config_reference() -> str:
     for s, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            rows.append(f"| `{s}.{f.name}` | `{default}` | {f.metadata['help']} |")
+            meaning = f.metadata["help"].replace("|", "\\|")  # a bare | would split the table cell
+            rows.append(f"| `{s}.{f.name}` | `{default}` | {meaning} |")
     return "\n".join(rows)

@@ -21,6 +21,12 @@ Variants, one named switch each (`aggregate_loss`, `importance_weights`):
     delta (optional)                     r_{i,t} <- min(r_{i,t}, delta) in the unclipped branch (bounds the
                                          ratio for negative advantages, two-sided clipping)
 
+Truncated importance sampling (`truncated_is_weights`), for a sampler that is not the trainer (vLLM):
+
+    tis_level "token"    w_{i,t} = min(exp(logp_old - logp_sampler), C)          per token
+    tis_level "sequence" w_i     = min(exp(sum_t (logp_old - logp_sampler)), C)  one weight per completion
+                         the policy term becomes w * L^clip (no gradient through w; KL term unweighted)
+
 N_seq and N_tok default to this call's completions and valid tokens; passing the whole generation
 batch's counts makes micro-batch losses sum to the big-batch loss for grpo, dr_grpo and dapo
 (gradient accumulation gives the same update). bnpo normalizes per micro-batch, so it does not.
@@ -90,6 +96,7 @@ def grpo_objective_from_logprobs(
     num_sequences: float | None = None,
     num_tokens: float | None = None,
     max_completion_length: int | None = None,
+    tis_weights: torch.Tensor | None = None,  # [N, T] or [N, 1] truncated IS weights (vLLM sampler), no grad
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped GRPO surrogate minus the k3 KL penalty, per token, aggregated by `loss_type`.
 
@@ -111,6 +118,8 @@ def grpo_objective_from_logprobs(
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
     unclipped = torch.clamp(ratio, max=delta) if delta is not None else ratio
     surrogate = torch.min(unclipped * adv, clipped * adv)                 # [N, T]
+    if tis_weights is not None:                                           # sampler != trainer: w * L^clip
+        surrogate = surrogate * tis_weights.detach().to(surrogate.dtype)
     per_token_loss = -surrogate
     with torch.no_grad():
         policy_loss = aggregate_loss(per_token_loss, mask, loss_type, num_sequences, num_tokens,
@@ -139,6 +148,40 @@ def grpo_objective_from_logprobs(
             "clip_ratio": _masked_mean(low + high, mask),
         }
     return loss, metrics
+
+
+def truncated_is_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor,
+                         level: str = "token", cap: float = 2.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Truncated importance weights that correct for sampling with another engine (module docstring).
+
+    The tokens were drawn from pi_sampler (e.g. vLLM, other kernels and precision), but the surrogate
+    assumes pi_old. Weighting each token's policy term by pi_old / pi_sampler removes that bias; capping
+    the weight at C bounds its variance.
+
+    Args:
+        old_logprobs: [N, T] log pi_old under the trainer (no grad).
+        sampler_logprobs: [N, T] log-probs the sampler returned with the tokens.
+        mask: [N, T] 1 on valid completion tokens.
+        level: "token" (one weight per token) or "sequence" (the product over the completion, one weight).
+        cap: C >= 1.
+
+    Returns:
+        (weights [N, T] for token or [N, 1] for sequence, metrics): tis/mean_weight is the mean weight
+        over valid tokens, tis/clipped_frac the share of valid tokens whose weight hit the cap.
+    """
+    mask = mask.to(old_logprobs.dtype)
+    log_ratio = (old_logprobs.detach() - sampler_logprobs.to(old_logprobs.dtype)) * mask   # [N, T]
+    if level == "token":
+        raw = torch.exp(log_ratio)                                                        # [N, T]
+    elif level == "sequence":
+        raw = torch.exp(log_ratio.sum(-1, keepdim=True))                                  # [N, 1]
+    else:
+        raise ValueError(f"tis_level must be token or sequence, got {level!r}")
+    weights = torch.clamp(raw, max=cap)
+    with torch.no_grad():
+        metrics = {"tis/mean_weight": _masked_mean(weights.expand_as(mask), mask),
+                   "tis/clipped_frac": _masked_mean((raw > cap).to(mask.dtype).expand_as(mask), mask)}
+    return weights, metrics
 
 
 def grpo_loss(model, rollout, advantages: torch.Tensor, ref_model=None, old_logprobs: torch.Tensor | None = None,

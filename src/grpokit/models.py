@@ -94,12 +94,32 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _load_tokenizer(folder: Path, gguf_file: str | None):
-    from transformers import AutoTokenizer
+def _generic_tokenizer(folder: Path) -> bool:
+    """True for a folder saved from a plain `tokenizers` tokenizer (e.g. the built-in char tokenizer).
+
+    AutoTokenizer would pick the tokenizer class of the model's architecture (Qwen2Tokenizer for the
+    char-level Qwen2) and rebuild its pre-tokenizer, silently dropping spaces; such folders are loaded
+    as the generic fast tokenizer they were saved as.
+    """
+    import json
 
     try:
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file) if gguf_file else \
-            AutoTokenizer.from_pretrained(folder)
+        saved = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        return False
+    return saved in ("TokenizersBackend", "PreTrainedTokenizerFast") and (folder / "tokenizer.json").is_file()
+
+
+def _load_tokenizer(folder: Path, gguf_file: str | None):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        if gguf_file:
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+        elif _generic_tokenizer(folder):
+            tok = PreTrainedTokenizerFast.from_pretrained(folder)
+        else:
+            tok = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as e:
         raise ModelError(f"no usable tokenizer in '{folder}': {str(e).splitlines()[0]}") from None
     return tok
@@ -163,12 +183,17 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
     else:
         model, tokenizer = _load_pretrained(cfg, dtype)
     prepare_tokenizer(tokenizer)
+    check_tokenizer_fits(tokenizer, model, cfg.name_or_path)
     if model.generation_config is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.to(resolve_device(cfg.device))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
+    if cfg.lora_r > 0:  # adapters only; the reference becomes this model with adapters disabled
+        from .lora import wrap_lora
+
+        model = wrap_lora(model, cfg)
     model.train()
     return model, tokenizer
 
@@ -180,6 +205,18 @@ def prepare_tokenizer(tokenizer) -> None:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
+
+
+def check_tokenizer_fits(tokenizer, model, where: str) -> None:
+    """Refuse a tokenizer that encodes text to nothing (transformers builds an empty one for a folder
+    without tokenizer files) or has ids beyond the model's embedding table."""
+    if not tokenizer("What is 1+2?", add_special_tokens=False)["input_ids"]:
+        raise ModelError(f"the tokenizer of '{where}' encodes text to no tokens (no tokenizer files in the "
+                         "folder?): save the model's tokenizer next to it with tokenizer.save_pretrained")
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise ModelError(f"the tokenizer of '{where}' has {len(tokenizer)} tokens but the model embeds only "
+                         f"{rows}: use the tokenizer that was trained with this model")
 
 
 def frozen_reference(model) -> torch.nn.Module:

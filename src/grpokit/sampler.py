@@ -1,14 +1,25 @@
 """grpokit's own decode loop behind `sample_groups` (the "fast" backend).
 
 Why not `model.generate`: GRPO samples G completions of the same prompt, so the prompt is prefilled
-once and its KV cache is shared by the group (repeated along the batch, not recomputed); rows that
-have finished are dropped from the batch so they cost nothing; and the sampling log-probs come out
-with the tokens, so mu = 1 needs no extra forward pass for the old policy.
+once and its keys/values are copied to the group's G rows (not recomputed); rows that have finished
+are dropped from the batch so they stop costing compute; and the sampling log-probs come out with the
+tokens, so mu = 1 needs no extra forward pass for the old policy.
+
+Two engines, chosen per model:
+  * lean   (Llama, Qwen2, Qwen3, Mistral with plain nn.Linear weights): a decoder step written
+           against the model's own weights, q/k/v and gate/up fused into one matmul each, rotary
+           tables built once, and a KV cache the sampler owns: one preallocated tensor
+           [layers, 2, N, kv_heads, P + T, head_dim], written in place (no per-step concatenation).
+  * cached (other known architectures): the model's forward with a transformers DynamicCache.
+Anything else goes to `model.generate` (rollout.py), with one log line.
 
 The distribution is exactly `generate`'s: logits / temperature, then top-k, then top-p (the order of
-transformers' logits warpers), then a multinomial draw. The returned log-probs are those of the
-temperature-scaled full distribution, log_softmax(z / tau)[o_t], which is what `per_token_logprobs`
-recomputes, so they can stand in for the old policy's log-probs.
+transformers' logits warpers), then a multinomial draw; EOS suppression is min_new_tokens' -inf. The
+returned log-probs are those of the temperature-scaled full distribution,
+
+    logp_t = z_t[o_t] / tau - logsumexp(z_t / tau),
+
+which is what `per_token_logprobs` recomputes, so they can stand in for the old policy's log-probs.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 
 from .logprobs import position_ids_from_mask
 
@@ -23,6 +35,8 @@ log = logging.getLogger("grpokit")
 
 # Architectures whose forward takes (input_ids, attention_mask, position_ids, cache) and a DynamicCache.
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "olmo", "olmo2", "granite", "smollm3")
+# Architectures the lean decoder implements (pre-norm, rotary, gated MLP, optional q/k norm).
+LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 _warned: set[str] = set()
 
 
@@ -32,8 +46,10 @@ def choose_backend(model, backend: str) -> bool:
         return True
     if backend == "generate":
         return False
-    if backend == "vllm":
-        raise ValueError("rollout.backend=vllm is not available in this build: use auto, fast or generate")
+    if backend == "vllm":  # training rollouts go to grpokit.vllm_backend; direct calls (evaluation) stay here
+        from .vllm_backend import in_process_backend
+
+        backend = in_process_backend()
     model_type = getattr(getattr(model, "config", None), "model_type", "")
     ok = model_type in FAST_MODEL_TYPES
     if not ok and model_type not in _warned:
@@ -59,6 +75,158 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return logits
 
 
+def pick_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of [n, V] logits; returns (tokens [n], log-probs [n] of the tempered distribution)."""
+    scaled = logits / temperature if temperature != 1.0 else logits
+    lse = torch.logsumexp(scaled, -1, keepdim=True)                       # [n, 1]
+    if greedy:
+        tok = logits.argmax(-1)
+    else:
+        if (not top_k or top_k >= logits.shape[-1]) and top_p >= 1.0:
+            probs = (scaled - lse).exp_()                                 # softmax(z / tau), lse reused
+        else:
+            probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
+        tok = sample_categorical(probs)
+    return tok, (scaled.gather(-1, tok[:, None]) - lse).squeeze(-1)
+
+
+def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+    """One draw per row of [n, V] probabilities by inverse CDF: the first i with cdf_i > u * cdf_V.
+
+    The same categorical distribution as torch.multinomial (zero-probability entries never win: the cdf
+    does not rise there), at the cost of one uniform per row instead of V exponentials.
+    """
+    cdf = probs.cumsum(-1)                                                # [n, V]
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def _plain_linear(m) -> bool:
+    return type(m) is torch.nn.Linear
+
+
+def lean_supported(model, max_positions: int) -> bool:
+    """Whether the lean decoder reproduces this model's forward (else the cached engine is used)."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", "") not in LEAN_MODEL_TYPES or not hasattr(model, "get_decoder"):
+        return False
+    dec = model.get_decoder()
+    if not all(hasattr(dec, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return False
+    rope = getattr(dec.rotary_emb, "rope_type", "default")
+    if "dynamic" in rope or "longrope" in rope:
+        return False                                                      # inv_freq depends on the length
+    window = getattr(cfg, "sliding_window", None)
+    if window and "sliding_attention" in (getattr(cfg, "layer_types", None) or ["sliding_attention"]) \
+            and (cfg.model_type == "mistral" or getattr(cfg, "use_sliding_window", False)) and window < max_positions:
+        return False
+    for layer in dec.layers:
+        a, m = layer.self_attn, layer.mlp
+        if not all(_plain_linear(x) for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj,
+                                              m.down_proj)):
+            return False                                                  # LoRA / quantized layers
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        return False                                                      # hooks would be bypassed
+    return _plain_linear(model.get_output_embeddings())
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with transformers' op order (float32 statistics), so results match bit for bit."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _cat_bias(*mods) -> torch.Tensor | None:
+    if all(m.bias is None for m in mods):
+        return None
+    return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
+
+
+class LeanDecoder:
+    """A Llama-family decoder for sampling: fused weights, rotary tables, and an owned KV cache."""
+
+    def __init__(self, model, rows: int, max_len: int) -> None:
+        dec, cfg = model.get_decoder(), model.config
+        a0 = dec.layers[0].self_attn
+        self.hd = a0.head_dim
+        self.nh = cfg.num_attention_heads
+        self.nkv = cfg.num_key_value_heads
+        self.eps = dec.norm.variance_epsilon
+        self.embed, self.final_norm = dec.embed_tokens.weight, dec.norm.weight
+        head = model.get_output_embeddings()
+        self.head_w, self.head_b = head.weight, head.bias
+        self.layers = []
+        for layer in dec.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(dict(
+                qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), qkv_b=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
+                o=a.o_proj.weight, o_b=a.o_proj.bias, gu=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                gu_b=_cat_bias(m.gate_proj, m.up_proj), down=m.down_proj.weight, down_b=m.down_proj.bias, act=m.act_fn,
+                ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight, scale=a.scaling,
+                q_norm=getattr(getattr(a, "q_norm", None), "weight", None),
+                k_norm=getattr(getattr(a, "k_norm", None), "weight", None)))
+        w = self.embed
+        positions = torch.arange(max_len, device=w.device)[None]          # [1, S]
+        cos, sin = dec.rotary_emb(w[:1][None], positions)                 # [1, S, hd] each
+        half = self.hd // 2
+        self.cos = cos[0]
+        # rotate_half(x) * sin == roll(x, hd/2) * [-sin_1, sin_2]: one roll instead of slice/neg/cat.
+        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
+        self.kv = torch.empty(len(self.layers), 2, rows, self.nkv, max_len, self.hd, dtype=w.dtype, device=w.device)
+
+    def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: slice,
+                mask: torch.Tensor, rows: int) -> torch.Tensor:
+        """h [n, L, H] through every layer; keys/values of the L new positions go to cache `slots`."""
+        n, L, _ = h.shape
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        for i, w in enumerate(self.layers):
+            x = _rms(h, w["ln1"], self.eps)
+            qkv = F.linear(x, w["qkv"], w["qkv_b"]).view(n, L, nh + 2 * nkv, hd).transpose(1, 2)  # [n, heads, L, hd]
+            qk, v = qkv[:, :nh + nkv], qkv[:, nh + nkv:]
+            if w["q_norm"] is not None:
+                qk = torch.cat([_rms(qk[:, :nh], w["q_norm"], self.eps), _rms(qk[:, nh:], w["k_norm"], self.eps)], 1)
+            qk = qk * cos + qk.roll(hd // 2, -1) * sin                    # rotary, q and k together
+            q, k = qk[:, :nh], qk[:, nh:]
+            cache = self.kv[i, :, :rows]                                  # [2, rows, kv_heads, S, hd]
+            if n == rows:   # decode (or G = 1): write the new slot, attend over every slot so far
+                cache[0, :, :, slots], cache[1, :, :, slots] = k, v
+                k, v = cache[0, :, :, :slots.stop], cache[1, :, :, :slots.stop]
+            else:           # prefill: attend within the prompt; its keys/values go to each of the G rows
+                cache[0, :, :, slots] = k.repeat_interleave(rows // n, 0)
+                cache[1, :, :, slots] = v.repeat_interleave(rows // n, 0)
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=w["scale"],
+                                                 enable_gqa=nkv != nh)   # [n, nh, L, hd]
+            h = h + F.linear(att.transpose(1, 2).reshape(n, L, nh * hd), w["o"], w["o_b"])
+            gate, up = F.linear(_rms(h, w["ln2"], self.eps), w["gu"], w["gu_b"]).chunk(2, -1)
+            h = h + F.linear(w["act"](gate) * up, w["down"], w["down_b"])
+        return _rms(h[:, -1], self.final_norm, self.eps)                   # [n, H], last position only
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
+        """Prompts [B, P] (left-padded) once; their keys/values fill cache rows b*G..b*G+G-1. Returns [B, V]."""
+        B, P = ids.shape
+        pos = position_ids_from_mask(mask)                                # [B, P]
+        keep = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()[None] & mask.bool()[:, None, :]
+        keep |= torch.eye(P, dtype=torch.bool, device=ids.device)        # pad queries see themselves: no NaN
+        h = self._layers(F.embedding(ids, self.embed), self.cos[pos][:, None], self.sin[pos][:, None],
+                         slice(0, P), keep[:, None], B * group_size)
+        return F.linear(h, self.head_w, self.head_b)
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
+        """One token per row: tok, pos [n]; key_mask [n, 1, 1, slot + 1]. Returns logits [n, V]."""
+        n = tok.shape[0]
+        h = self._layers(F.embedding(tok[:, None], self.embed), self.cos[pos][:, None, None],
+                         self.sin[pos][:, None, None], slice(slot, slot + 1), key_mask, n)
+        return F.linear(h, self.head_w, self.head_b)
+
+    def keep_rows(self, keep: torch.Tensor, upto: int) -> None:
+        """Drop finished rows: copy the kept rows' first `upto` cache slots into a smaller cache."""
+        L, _, _, nkv, S, hd = self.kv.shape
+        kv = torch.empty(L, 2, keep.numel(), nkv, S, hd, dtype=self.kv.dtype, device=self.kv.device)
+        kv[..., :upto, :] = self.kv[:, :, keep, :, :upto]
+        self.kv = kv
+
+
 @torch.no_grad()
 def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                 max_new_tokens: int, temperature: float, top_p: float, top_k: int, eos_ids: list[int],
@@ -71,56 +239,114 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
         greedy: argmax decoding (evaluation); log-probs are still those of the tempered distribution.
 
     Returns:
-        (completion_ids [B*G, T'] padded with pad_id after a row ends, sampling log-probs [B*G, T']),
-        T' <= max_new_tokens (the longest row).
+        (completion_ids [B*G, T'], sampling log-probs [B*G, T']), T' <= max_new_tokens (the longest row).
+        After a row's first EOS its entries are unspecified: the caller masks them (rollout.py).
     """
-    from transformers import DynamicCache
-
     was_training = model.training
     model.eval()
     try:
-        device = prompt_ids.device
-        cache = DynamicCache(config=model.config)
-        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
-                    cache=cache, use_cache=True, logits_to_keep=1)
-        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-        cache.batch_repeat_interleave(group_size)                         # share the prefix: [B*G, ...]
-        next_logits = out.logits[:, -1].float().repeat_interleave(group_size, 0)  # [N, V]
-        N = next_logits.shape[0]
-        mask = prompt_mask.repeat_interleave(group_size, 0)               # [N, P] grows by one per step
-        position = mask.sum(-1)                                           # next position of each row [N]
-        tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
-        logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
-        alive = torch.arange(N, device=device)                            # rows still decoding
-        eos = torch.tensor(eos_ids, device=device)
-        steps = 0
-        for t in range(max_new_tokens):
-            if suppress_eos:
-                next_logits[:, eos] = float("-inf")
-            scaled = next_logits / temperature
-            if greedy:
-                tok = next_logits.argmax(-1)                              # [n_alive]
-            else:
-                probs = filter_logits(next_logits, temperature, top_k, top_p).softmax(-1)
-                tok = torch.multinomial(probs, 1).squeeze(-1)             # [n_alive]
-            tokens[alive, t] = tok
-            logps[alive, t] = scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, -1)
-            steps = t + 1
-            done = torch.isin(tok, eos)
-            if t + 1 == max_new_tokens:
-                break
-            if done.any():
-                keep = (~done).nonzero().squeeze(-1)
-                if keep.numel() == 0:
-                    break
-                alive, tok, mask, position = alive[keep], tok[keep], mask[keep], position[keep]
-                cache.batch_select_indices(keep)
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=position[:, None],
-                        cache=cache, use_cache=True)
-            cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-            position = position + 1
-            next_logits = out.logits[:, -1].float()
-        return tokens[:, :steps], logps[:, :steps]
+        P = prompt_ids.shape[1]
+        if lean_supported(model, P + max_new_tokens):
+            engine = _LeanEngine(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
+        else:
+            engine = _CachedEngine(model, prompt_ids, prompt_mask, group_size)
+        return _decode(engine, prompt_ids.shape[0] * group_size, max_new_tokens, temperature, top_p, top_k,
+                       eos_ids, pad_id, suppress_eos, greedy, prompt_ids.device)
     finally:
         model.train(was_training)
+
+
+def _decode(engine, N: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+            eos_ids: list[int], pad_id: int, suppress_eos: bool, greedy: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampling loop shared by both engines; finished rows are compacted away in batches."""
+    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
+    eos = torch.tensor(eos_ids, device=device)
+    logits = engine.first_logits()                                        # [N, V]
+    rows = None                                                           # original ids of live rows (None = all)
+    finished = torch.zeros(N, dtype=torch.bool, device=device)
+    steps = 0
+    for t in range(max_new_tokens):
+        logits = logits.float()
+        if suppress_eos:
+            logits[:, eos] = float("-inf")
+        tok, lp = pick_tokens(logits, temperature, top_k, top_p, greedy)
+        if rows is None:
+            tokens[:, t], logps[:, t] = tok, lp
+        else:
+            tokens[rows, t], logps[rows, t] = tok, lp
+        steps = t + 1
+        if t + 1 == max_new_tokens:
+            break
+        if not suppress_eos:
+            finished |= torch.isin(tok, eos)
+            n_done = int(finished.sum())
+            if n_done == finished.numel():
+                break
+            # A dead row costs a row of compute per step; dropping rows costs one cache copy. Drop in batches.
+            if n_done * 8 >= finished.numel():
+                keep = (~finished).nonzero().squeeze(-1)
+                rows = keep if rows is None else rows[keep]
+                engine.keep_rows(keep, t)
+                tok, finished = tok[keep], finished[keep]
+        logits = engine.step(tok, t)
+    return tokens[:, :steps], logps[:, :steps]
+
+
+class _LeanEngine:
+    """Drives `LeanDecoder`: positions, key masks and the cache slot of each step."""
+
+    def __init__(self, model, prompt_ids, prompt_mask, group_size: int, max_new_tokens: int) -> None:
+        B, P = prompt_ids.shape
+        self.P, N = P, B * group_size
+        self.dec = LeanDecoder(model, N, P + max_new_tokens)
+        self.logits0 = self.dec.prefill(prompt_ids, prompt_mask, group_size).repeat_interleave(group_size, 0)
+        mask = prompt_mask.bool().repeat_interleave(group_size, 0)
+        self.key_mask = torch.cat([mask, mask.new_ones(N, max_new_tokens)], 1)   # [N, P + T] valid key slots
+        self.pos = mask.sum(-1)                                           # next position of each row [N]
+
+    def first_logits(self) -> torch.Tensor:
+        return self.logits0
+
+    def step(self, tok: torch.Tensor, t: int) -> torch.Tensor:
+        slot = self.P + t
+        logits = self.dec.step(tok, self.pos + t, slot, self.key_mask[:, None, None, :slot + 1])
+        return logits
+
+    def keep_rows(self, keep: torch.Tensor, t: int) -> None:
+        self.dec.keep_rows(keep, self.P + t)
+        self.key_mask, self.pos = self.key_mask[keep], self.pos[keep]
+
+
+class _CachedEngine:
+    """The model's own forward with a transformers DynamicCache (architectures the lean decoder lacks)."""
+
+    def __init__(self, model, prompt_ids, prompt_mask, group_size: int) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
+                    cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+        self.cache = self._cache(out)
+        self.cache.batch_repeat_interleave(group_size)                    # share the prefix: [B*G, ...]
+        self.logits0 = out.logits[:, -1].repeat_interleave(group_size, 0)
+        self.mask = prompt_mask.repeat_interleave(group_size, 0)          # [N, P] grows by one per step
+        self.pos = self.mask.sum(-1)
+
+    @staticmethod
+    def _cache(out):
+        return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+
+    def first_logits(self) -> torch.Tensor:
+        return self.logits0
+
+    def step(self, tok: torch.Tensor, t: int) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=(self.pos + t)[:, None],
+                         cache=self.cache, use_cache=True)
+        self.cache = self._cache(out)
+        return out.logits[:, -1]
+
+    def keep_rows(self, keep: torch.Tensor, t: int) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask, self.pos = self.mask[keep], self.pos[keep]

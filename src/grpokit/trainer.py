@@ -27,10 +27,12 @@ import torch
 from .advantages import group_advantages, process_advantages
 from .config import GRPOConfig
 from .data import PromptStream
-from .logprobs import per_token_logprobs
-from .loss import grpo_objective_from_logprobs, k3_kl
-from .metrics import PhaseTimer, length_stats, peak_rss_mib, reward_stats, tensor_stats
-from .models import frozen_reference, load_model_and_tokenizer, sync_reference
+from .logprobs import micro_batches, per_token_logprobs
+from .distributed import Distributed, Silent
+from .loss import grpo_objective_from_logprobs, k3_kl, truncated_is_weights
+from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
+from .lora import is_peft_model, reference_for, save_lora
+from .models import load_model_and_tokenizer, sync_reference
 from .rollout import Rollout, concat_rollouts, sample_groups
 
 log = logging.getLogger("grpokit")
@@ -50,7 +52,12 @@ class TrainState:
     stream: PromptStream
     eval_examples: list = field(default_factory=list)
     step: int = 0
-    bad_steps: int = 0
+    bad_steps: int = 0          # non-finite updates in a row (the run stops at run.max_bad_steps)
+    skipped_updates: int = 0    # non-finite updates skipped since step 0
+    critic: Any = None  # loss.algorithm=ppo only: grpokit.ppo.Critic (value model + its optimizer)
+    dist: Distributed = field(default_factory=Distributed)  # ranks (grpokit.distributed); one process: no-op
+    rank_rng: list | None = None     # every rank's RNG state at the last checkpoint (several ranks only)
+    rollout_engine: Any = None       # rollout.backend=vllm: the engine (grpokit.vllm_backend), built lazily
 
 
 def make_optimizer(model: torch.nn.Module, cfg: GRPOConfig):
@@ -96,18 +103,36 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: lis
     train_examples / eval_examples: objects with .prompt, .answer, .columns (grpokit.tasks.Example);
     when None they come from the configured task.
     """
+    dist = Distributed.from_env(cfg.run.fsdp)  # torchrun / accelerate launch: N ranks; else a no-op
+    dist.check(cfg.rollout.prompts_per_step)
     torch.manual_seed(cfg.run.seed)
     if model is None:
         model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
-    ref = frozen_reference(model) if cfg.loss.beta > 0 else None  # beta = 0: no reference at all
+    # beta = 0: no reference at all; LoRA: the base with adapters disabled (no copy of the weights)
+    ref = reference_for(model) if cfg.loss.beta > 0 else None
+    dist.prepare(model)                                      # DDP or FSDP2 (same object back)
+    if ref is not None:
+        dist.prepare(ref, trainable=False)                   # sharded under FSDP, a plain replica under DDP
+    dist.seed(cfg.run.seed)                                  # rank r > 0: its own sampling stream
     optimizer, scheduler = make_optimizer(model, cfg)
     if train_examples is None or (eval_examples is None and cfg.run.eval_limit != 0):
         from .tasks import load_examples
     train = train_examples if train_examples is not None else load_examples(cfg.task, cfg.task.train_split)
     evals = eval_examples if eval_examples is not None else (
         load_examples(cfg.task, cfg.task.eval_split) if cfg.run.eval_limit != 0 else [])
+    if len(train) < cfg.rollout.prompts_per_step:
+        from .tasks import TaskError
+
+        raise TaskError(f"the training split has {len(train)} examples, fewer than one batch "
+                        f"(rollout.prompts_per_step={cfg.rollout.prompts_per_step}): add data or lower "
+                        "rollout.prompts_per_step")
+    critic = None
+    if cfg.loss.algorithm == "ppo":  # the comparison baseline: a value model initialised from the policy
+        from .ppo import build_critic
+
+        critic = build_critic(model, cfg)
     return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, build_reward_funcs(cfg),
-                      PromptStream(train, cfg.run.seed), evals)
+                      dist.shard_stream(PromptStream(train, cfg.run.seed)), evals, critic=critic, dist=dist)
 
 
 def _reward_columns(examples: list, group_size: int) -> dict[str, list]:
@@ -117,19 +142,22 @@ def _reward_columns(examples: list, group_size: int) -> dict[str, list]:
 
 def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
     """[A] + [B] for one set of prompts: (rollout, reward batch, correctness [N] or None)."""
-    from .rewards import REWARDS, score_responses, token_char_ends
+    from .rewards import REWARDS, reward_kwargs, score_responses, token_char_ends
 
     cfg, r = state.cfg, state.cfg.rollout
-    with timer("generate"):
-        rollout = sample_groups(state.model, state.tokenizer, [ex.prompt for ex in examples], r.num_generations,
-                                r.max_completion_length, r.temperature, r.top_p, r.top_k, r.max_prompt_length,
-                                r.truncate_prompt, r.backend, generation_batch_size=r.generation_batch_size)
+    with timer("generate"), state.dist.unsharded(state.model):
+        if r.backend == "vllm":  # another engine samples (grpokit.vllm_backend); the same Rollout contract
+            from .vllm_backend import vllm_sample
+
+            rollout = vllm_sample(state, [ex.prompt for ex in examples])
+        else:
+            rollout = sample_groups(state.model, state.tokenizer, [ex.prompt for ex in examples], r.num_generations,
+                                    r.max_completion_length, r.temperature, r.top_p, r.top_k, r.max_prompt_length,
+                                    r.truncate_prompt, r.backend, generation_batch_size=r.generation_batch_size)
     with timer("reward"):
         columns = _reward_columns(examples, r.num_generations)
         ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
-        extra: dict[str, Any] = dict(completion_ids=ids, max_completion_length=r.max_completion_length,
-                                     overlong_buffer=cfg.reward.overlong_buffer,
-                                     overlong_penalty=cfg.reward.overlong_penalty)
+        extra: dict[str, Any] = dict(completion_ids=ids, **reward_kwargs(cfg))
         if any(getattr(fn, "process", False) for _, fn, _ in state.reward_funcs):
             extra["completion_char_ends"] = [token_char_ends(state.tokenizer, row) for row in ids]
         scores = score_responses(state.reward_funcs, rollout.prompts, rollout.completions, columns,
@@ -145,7 +173,7 @@ def collect_batch(state: TrainState, timer: PhaseTimer):
     """Prompts for one step, sampled and scored; with dynamic sampling (DAPO), groups whose rewards
     are all equal are dropped and new prompts sampled, at most `max_resample_rounds` extra rounds."""
     cfg = state.cfg
-    B, G = cfg.rollout.prompts_per_step, cfg.rollout.num_generations
+    B, G = cfg.rollout.prompts_per_step // state.dist.world_size, cfg.rollout.num_generations  # this rank's B
     rollout, scores, correct = generate_and_score(state, state.stream.take(B), timer)
     info: dict[str, float] = {}
     if not cfg.rollout.dynamic_sampling:
@@ -157,7 +185,7 @@ def collect_batch(state: TrainState, timer: PhaseTimer):
         dropped += (scores.total.numel() // G) - len(keep)
         parts.append((rollout, scores, correct, keep))
         have = sum(len(k) for *_, k in parts)
-        if have >= B or rounds >= cfg.rollout.max_resample_rounds:
+        if state.dist.all_true(have >= B or rounds >= cfg.rollout.max_resample_rounds):  # ranks in lock-step
             break
         rounds += 1
         extra_gens += B * G
@@ -195,18 +223,23 @@ def _merge_kept(parts, B: int, G: int, pad_id: int):
 
 
 def compute_advantages(cfg: GRPOConfig, rollout: Rollout, rewards: torch.Tensor,
-                       step_rewards) -> torch.Tensor:
-    """[C] outcome advantages [N], plus process advantages [N, T] when a process reward is configured."""
+                       step_rewards, dist: Distributed | None = None) -> torch.Tensor:
+    """[C] outcome advantages [N], plus process advantages [N, T] when a process reward is configured.
+
+    With several ranks, groups are whole on each rank; the rewards of all ranks are gathered so that
+    scale_rewards=batch divides by the whole batch's std, and this rank keeps its rows.
+    """
     G = rollout.group_size
-    adv = group_advantages(rewards, G, scale_rewards=cfg.loss.scale_rewards)       # [N]
+    full, mine = (dist or Distributed()).gather_rows(rewards)                      # [N_all], this rank's rows
+    adv = group_advantages(full, G, scale_rewards=cfg.loss.scale_rewards)[mine]    # [N]
     if step_rewards is not None:
         T = rollout.completion_ids.shape[1]
         adv = adv[:, None] + process_advantages(step_rewards, G, T)                # [N, T]
     return adv.to(rollout.completion_ids.device)
 
 
-def _rows_logprobs(model, rollout: Rollout, rows: slice, temperature: float, **kw):
-    """Log-probs for a slice of rows, trimmed to the slice's longest prompt and completion."""
+def _rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperature: float, fn=per_token_logprobs, **kw):
+    """Log-probs for some rows (a slice or an index tensor), trimmed to their longest prompt and completion."""
     mask = rollout.completion_mask[rows]
     T = int(mask.sum(-1).max()) if mask.numel() else 0
     T = max(T, 1)
@@ -214,54 +247,76 @@ def _rows_logprobs(model, rollout: Rollout, rows: slice, temperature: float, **k
     P0 = int((p_mask.sum(0) > 0).nonzero()[0]) if p_mask.any() else 0   # drop all-pad prompt columns
     ids = torch.cat([rollout.prompt_ids[rows, P0:], rollout.completion_ids[rows, :T]], dim=1)
     att = torch.cat([p_mask[:, P0:], mask[:, :T]], dim=1)
-    return per_token_logprobs(model, ids, att, T, temperature=temperature, **kw), T
+    return fn(model, ids, att, T, temperature=temperature, **kw), T  # fn: through DDP/FSDP when distributed
 
 
-def forward_logprobs(model, rollout: Rollout, cfg: GRPOConfig) -> torch.Tensor:
+def forward_logprobs(model, rollout: Rollout, cfg: GRPOConfig, fn=per_token_logprobs) -> torch.Tensor:
     """[N, T] log-probs with no autograd state (reference model, or the old policy when mu > 1)."""
     N, T = rollout.completion_ids.shape
     mb = cfg.optim.micro_batch_size or N
     out = torch.zeros(N, T, device=rollout.completion_ids.device)
-    with torch.inference_mode():
-        for s in range(0, N, mb):
-            lp, t = _rows_logprobs(model, rollout, slice(s, s + mb), cfg.rollout.temperature)
-            out[s:s + mb, :t] = lp
+    n_params = sum(p.numel() for p in model.parameters())
+    with torch.inference_mode():   # rows of similar length together: little padding (logprobs.micro_batches)
+        for rows in micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params):
+            rows = rows.to(out.device)
+            lp, t = _rows_logprobs(model, rollout, rows, cfg.rollout.temperature, fn=fn)
+            out[rows, :t] = lp
     return out.clone()  # leave inference mode: usable in autograd as a constant
 
 
 def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, old_lp, ref_lp,
                   loss_mask: torch.Tensor, timer: PhaseTimer) -> dict[str, float]:
     """[E-F] mu optimizer updates over the generation batch, micro-batched with gradient accumulation."""
-    cfg, lo = state.cfg, state.cfg.loss
-    N = rollout.completion_ids.shape[0]
+    cfg, lo, dist = state.cfg, state.cfg.loss, state.dist
+    N = rollout.completion_ids.shape[0]                                   # this rank's completions
     mb = cfg.optim.micro_batch_size or N
-    n_micro = (N + mb - 1) // mb
-    num_tokens = float(loss_mask.sum())
+    # Rows of similar length share a micro-batch (less padding); bnpo normalizes per micro-batch, so it
+    # keeps the plain consecutive slices and its math does not depend on the lengths.
+    groups = micro_batches(rollout.prompt_mask, rollout.completion_mask, mb,
+                           sum(p.numel() for p in state.model.parameters()), by_length=lo.loss_type != "bnpo")
+    n_micro = len(groups)
+    # Normalizers over the whole generation batch, all ranks (grpokit.distributed); one process: N, tokens
+    total = dist.reduce_sums({"seqs": N, "tokens": loss_mask.sum(), "micro": n_micro})
+    num_seqs, num_tokens = total["seqs"], total["tokens"]
     beta = 0.0 if lo.kl_in_reward else lo.beta
-    bnpo_scale = 1.0 / n_micro if lo.loss_type == "bnpo" else 1.0  # bnpo normalizes per micro-batch
-    token_metrics = ("approx_kl", "mean_ratio", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy")
+    bnpo_scale = 1.0 / total["micro"] if lo.loss_type == "bnpo" else 1.0  # bnpo normalizes per micro-batch
+    use_tis = cfg.rollout.backend == "vllm" and lo.tis_level != "none" and rollout.sampling_logprobs is not None
+    token_metrics = ("approx_kl", "mean_ratio", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy",
+                     "tis/mean_weight", "tis/clipped_frac")
+    logprobs_fn = dist.logprobs_fn(state.model)
     out: dict[str, float] = {}
     for it in range(lo.num_iterations):
         sums: dict[str, torch.Tensor] = {}
-        for s in range(0, N, mb):
-            rows = slice(s, s + mb)
+        loss_finite = torch.tensor(True)
+        for g, rows in enumerate(groups):
+            rows = rows.to(loss_mask.device)
+            dist.sync_grads(state.model, g == n_micro - 1)   # reduce over ranks on the last micro-batch only
             (new_lp, entropy), T = _rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature,
-                                                  return_entropy=True)
+                                                  fn=logprobs_fn, return_entropy=True)
             m = loss_mask[rows, :T]
             a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
+            tis, tis_mets = None, {}
+            if use_tis:  # another engine sampled: weight by min(pi_old / pi_sampler, cap) (loss.truncated_is_weights)
+                base = new_lp.detach() if old_lp is None else old_lp[rows, :T]
+                tis, tis_mets = truncated_is_weights(base, rollout.sampling_logprobs[rows, :T].to(base.device), m,
+                                                     lo.tis_level, lo.tis_cap)
             loss, mets = grpo_objective_from_logprobs(
                 new_lp, None if old_lp is None else old_lp[rows, :T], None if ref_lp is None else ref_lp[rows, :T],
                 m, a, lo.epsilon, beta, clip_eps_high=cfg.epsilon_high, delta=lo.delta, loss_type=lo.loss_type,
-                importance_sampling_level=lo.importance_sampling_level, num_sequences=N, num_tokens=num_tokens,
-                max_completion_length=cfg.rollout.max_completion_length)
-            (loss * bnpo_scale).backward()
+                importance_sampling_level=lo.importance_sampling_level, num_sequences=num_seqs, num_tokens=num_tokens,
+                max_completion_length=cfg.rollout.max_completion_length, tis_weights=tis)
+            mets.update(tis_mets)
+            loss_finite = loss_finite & torch.isfinite(loss.detach()).cpu()  # one sync per update, below
+            (loss * bnpo_scale * dist.grad_scale).backward()    # DDP averages over ranks: x W gives the sum
             # Micro-batch losses are normalized by whole-batch counts, so they add up to the batch loss;
             # token-level metrics are averaged with token weights.
             mets["entropy"] = (entropy * m).sum() / m.sum().clamp(min=1.0)
             for k, v in mets.items():
                 add = v * m.sum() if k in token_metrics else v * bnpo_scale
                 sums[k] = sums.get(k, 0.0) + add
-        grad_norm = _clip_and_step(state)
+        with timer("optimizer"):
+            grad_norm = _clip_and_step(state) if dist.all_true(bool(loss_finite)) else _skip_update(state)
+        sums = dist.reduce_sums(sums)                    # one all-reduce: figures over the whole batch
         suffix = "" if it == 0 else f"/iter{it}"
         for k, v in sums.items():
             out[k + suffix] = float(v / max(num_tokens, 1.0)) if k in token_metrics else float(v)
@@ -269,14 +324,21 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
     return out
 
 
+def _skip_update(state: TrainState) -> float:
+    """Drop this update (weights, optimizer moments and LR schedule untouched); count it. Returns NaN."""
+    state.optimizer.zero_grad(set_to_none=True)
+    state.bad_steps += 1
+    state.skipped_updates += 1
+    return float("nan")
+
+
 def _clip_and_step(state: TrainState) -> float:
-    """Clip, then step, unless the gradient is non-finite (the update is skipped and counted)."""
+    """Clip, then step, unless the gradient is non-finite (then the update is skipped and counted)."""
     params = [p for p in state.model.parameters() if p.requires_grad]
     max_norm = state.cfg.optim.max_grad_norm or float("inf")
     norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     if not torch.isfinite(torch.tensor(norm)):
-        state.optimizer.zero_grad(set_to_none=True)
-        state.bad_steps += 1
+        _skip_update(state)
         return norm
     state.optimizer.step()
     state.scheduler.step()
@@ -285,10 +347,17 @@ def _clip_and_step(state: TrainState) -> float:
     return norm
 
 
-def train_step(state: TrainState, timer: PhaseTimer | None = None) -> dict[str, float]:
-    """[G] One GRPO step on fresh generations; returns this step's metrics."""
+def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None) -> dict[str, float]:
+    """[G] One GRPO step on fresh generations; returns this step's metrics.
+
+    tracker: an optional `grpokit.tracking.Tracker` (completions log, per-prompt history).
+    """
     cfg, lo = state.cfg, state.cfg.loss
     timer = timer or PhaseTimer()
+    if lo.algorithm == "ppo":  # the critic baseline GRPO is compared against (grpokit.ppo)
+        from .ppo import ppo_train_step
+
+        return ppo_train_step(state, timer, tracker)
     rollout, scores, correct, info = collect_batch(state, timer)
     loss_mask = rollout.completion_mask.float()
     if lo.mask_truncated_completions:
@@ -296,47 +365,66 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None) -> dict[str, 
     ref_lp = old_lp = None
     if state.ref_model is not None:
         with timer("ref_forward"):
-            ref_lp = forward_logprobs(state.ref_model, rollout, cfg)
+            ref_lp = forward_logprobs(state.ref_model, rollout, cfg, state.dist.logprobs_fn(state.ref_model))
     if lo.num_iterations > 1:
         with timer("old_forward"):
-            old_lp = forward_logprobs(state.model, rollout, cfg)         # once per generation batch
+            old_lp = forward_logprobs(state.model, rollout, cfg, state.dist.logprobs_fn(state.model))  # once per batch
     rewards = scores.total
     with timer("advantage"):
         if lo.kl_in_reward and ref_lp is not None:
-            base = old_lp if old_lp is not None else forward_logprobs(state.model, rollout, cfg)
+            base = old_lp if old_lp is not None else forward_logprobs(state.model, rollout, cfg,
+                                                                      state.dist.logprobs_fn(state.model))
             seq_kl = (k3_kl(base, ref_lp) * rollout.completion_mask).sum(-1)  # [N]
             rewards = rewards - lo.beta * seq_kl.to(rewards.device)
-        if not torch.isfinite(torch.nan_to_num(rewards, nan=0.0)).all():
+        if torch.isinf(rewards).any():  # NaN marks a skipped score; inf is a broken reward function
             raise FloatingPointError("rewards contain inf: check the reward functions")
-        advantages = compute_advantages(cfg, rollout, rewards.cpu(), scores.step_rewards)
+        advantages = compute_advantages(cfg, rollout, rewards.cpu(), scores.step_rewards, state.dist)
+    skipped_before = state.skipped_updates
     with timer("update"):
-        upd = policy_update(state, rollout, advantages, old_lp, ref_lp, loss_mask, timer)
+        if state.dist.all_true(bool(torch.isfinite(advantages).all())):  # every rank updates, or none
+            upd = policy_update(state, rollout, advantages, old_lp, ref_lp, loss_mask, timer)
+        else:  # checked before the update: NaN advantages would poison every weight
+            upd = {"grad_norm": _skip_update(state)}
+    if state.skipped_updates > skipped_before:
+        _log_bad_batch(state, rollout, "loss or gradient" if "loss" in upd else "advantages")
     if lo.ref_model_sync_steps and state.ref_model is not None and (state.step + 1) % lo.ref_model_sync_steps == 0:
         sync_reference(state.ref_model, state.model, lo.ref_model_mixup_alpha)
     state.step += 1
-    adv_flat = advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1)
-    metrics = {"step": state.step, **reward_stats(scores.total, correct, rollout.group_size),
-               **{f"rewards/{k}": float(torch.nanmean(v)) for k, v in scores.per_func.items()},
-               **tensor_stats("advantage", adv_flat), **length_stats(rollout.completion_mask, rollout.truncated),
-               **upd, **info, "reward_errors": float(scores.num_errors), "bad_steps": float(state.bad_steps),
-               "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(rollout.completion_mask.sum())}
+    with timer("log"):
+        adv_flat = advantages if advantages.dim() == 1 else (advantages * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1)
+        g = state.dist.gather  # several ranks: per-completion values of all ranks, so figures are global
+        mask, correct_all = g(rollout.completion_mask), None if correct is None else g(correct)
+        metrics = {"step": state.step, **reward_stats(g(scores.total), correct_all, rollout.group_size),
+                   **{f"rewards/{k}": float(torch.nanmean(g(v))) for k, v in scores.per_func.items()},
+                   **tensor_stats("advantage", g(adv_flat)), **length_stats(mask, g(rollout.truncated)),
+                   **upd, **state.dist.reduce_sums(info), "reward_errors": state.dist.sum(scores.num_errors),
+                   "bad_steps": float(state.bad_steps), "skipped_updates": float(state.skipped_updates),
+                   "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum())}
+        if tracker is not None:
+            tracker.observe(state.step, rollout, scores, adv_flat, correct)
     return metrics
 
 
 def save_final(state: TrainState, out_dir: str | Path) -> Path:
     """save_pretrained folder (model + tokenizer + grpokit_config.json) that plain transformers loads."""
+    if state.dist.enabled:  # several ranks: rank 0 writes the full weights (gathered from shards under FSDP)
+        return state.dist.save_pretrained(state, out_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    state.model.save_pretrained(out)
+    if is_peft_model(state.model):  # LoRA: the adapter here, a merged plain model in out/merged
+        state.tokenizer.save_pretrained(save_lora(state.model, out))
+    else:
+        state.model.save_pretrained(out)
     state.tokenizer.save_pretrained(out)
     (out / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
     return out
 
 
-def _console(metrics: dict[str, float]) -> str:
-    keys = (("reward_mean", "reward"), ("accuracy", "acc"), ("approx_kl", "kl"), ("loss", "loss"),
-            ("completion_length_mean", "len"))
-    return " ".join(f"{short}={metrics[k]:.3g}" for k, short in keys if k in metrics)
+def _log_bad_batch(state: TrainState, rollout: Rollout, what: str) -> None:
+    """Warn about a skipped update, naming the batch's prompts (to find the data that caused it)."""
+    prompts = [" ".join(str(p).split())[:80] for p in rollout.prompts[::rollout.group_size]]
+    log.warning("step %d: non-finite %s, update skipped (%d in a row, run.max_bad_steps=%d); prompts: %s",
+                state.step + 1, what, state.bad_steps, state.cfg.run.max_bad_steps, json.dumps(prompts))
 
 
 def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list | None = None,
@@ -350,59 +438,84 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
     from tqdm import tqdm
 
     from . import checkpoint
-    from .metrics import MetricsWriter
+    from .loggers import build_loggers, resolve_report_to
+    from .metrics import MetricsWriter, finish_step_row, format_console
+    from .tracking import Tracker
 
     hooks = hooks or {}
     out_dir = Path(cfg.run.output_dir)
-    checkpoint.prepare_output_dir(cfg)
+    resolve_report_to(cfg.run.report_to)  # a missing tracker package fails now, not after loading the model
+    dist = Distributed.from_env(cfg.run.fsdp)  # several ranks: only rank 0 writes, evaluates and saves
+    if dist.is_main:
+        checkpoint.prepare_output_dir(cfg)
+    else:
+        log.setLevel(logging.WARNING)
+    dist.barrier()
     state = build_state(cfg, model, tokenizer, train_examples, eval_examples)
-    resumed = checkpoint.resume_if_requested(state, out_dir)
-    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    writer = MetricsWriter(out_dir / "metrics.jsonl", start_step=state.step)
+    resumed = state.dist.resume(state, out_dir)
+    main = state.dist.is_main
+    if main:
+        (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    writer = MetricsWriter(out_dir / "metrics.jsonl", start_step=state.step) if main else Silent()
+    loggers = build_loggers(cfg.run.report_to, out_dir, cfg.to_dict(), start_step=state.step) if main else Silent()
+    tracker = Tracker.from_config(cfg, out_dir, state.step, state.stream.examples, loggers) if main else Silent()
     if not resumed and state.eval_examples:
-        _evaluate_and_log(state, writer, "before")
+        loggers.log_eval(_evaluate_and_log(state, writer, "before"))
     timer = PhaseTimer()
-    bar = tqdm(total=cfg.run.max_steps, initial=state.step, disable=not cfg.run.progress, desc="grpo",
+    bar = tqdm(total=cfg.run.max_steps, initial=state.step, disable=not (cfg.run.progress and main), desc="grpo",
                dynamic_ncols=True)
     try:
         while state.step < cfg.run.max_steps:
-            with timer("step"):
-                metrics = train_step(state, timer)
-            metrics.update(timer.pop())
-            metrics["tokens_per_s"] = metrics["completion_tokens"] / max(metrics["time/step"], 1e-9)
-            metrics["peak_rss_mib"] = peak_rss_mib()
-            if torch.cuda.is_available():
-                metrics["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20
-            writer.write(metrics)
-            bar.update(1)
-            bar.set_postfix_str(_console(metrics))
-            if not cfg.run.progress and state.step % cfg.run.logging_steps == 0:
-                log.info("step %d %s", state.step, _console(metrics))
+            with timer("step"):  # phases inside: generate reward ref_forward old_forward advantage update save log
+                metrics = train_step(state, timer, tracker)
+                with timer("save"):
+                    if (cfg.run.save_steps and state.step % cfg.run.save_steps == 0
+                            and state.bad_steps < cfg.run.max_bad_steps):
+                        # the row is written after the save: the checkpoint keeps it for a kill in between
+                        state.dist.save_checkpoint(state, out_dir, metrics_row=metrics)  # one process: checkpoint.py
+                with timer("log"):
+                    finish_step_row(metrics, timer)  # time/<phase> so far, tokens/s, peak memory
+                    writer.write(metrics)
+                    loggers.log(metrics, state.step)
+                    bar.update(1)
+                    bar.set_postfix_str(format_console(metrics, short=True))
+                    if state.step % cfg.run.logging_steps == 0:
+                        line = f"step {state.step} {format_console(metrics)}"
+                        if cfg.run.progress and main:
+                            tqdm.write(line)  # above the progress bar
+                        else:
+                            log.info(line)
+            timer.pop()
             if "after_step" in hooks:
                 hooks["after_step"](state, metrics)
             if state.bad_steps >= cfg.run.max_bad_steps:
+                good = checkpoint.list_checkpoints(out_dir)
                 raise FloatingPointError(
                     f"{state.bad_steps} non-finite updates in a row (run.max_bad_steps): lower "
-                    f"optim.learning_rate or check the rewards; last good checkpoint in {out_dir}")
-            if cfg.run.save_steps and state.step % cfg.run.save_steps == 0:
-                checkpoint.save_checkpoint(state, out_dir)
+                    f"optim.learning_rate or check the rewards; last good checkpoint: "
+                    f"{good[-1] if good else f'none (run.save_steps={cfg.run.save_steps})'}")
             if cfg.run.eval_steps and state.step % cfg.run.eval_steps == 0 and state.step < cfg.run.max_steps:
-                _evaluate_and_log(state, writer, f"step{state.step}")
+                loggers.log_eval(_evaluate_and_log(state, writer, f"step{state.step}"))
+        if state.eval_examples:
+            loggers.log_eval(_evaluate_and_log(state, writer, "after"))
     finally:
         bar.close()
-    if state.eval_examples:
-        _evaluate_and_log(state, writer, "after")
+        tracker.finish()
+        loggers.close()
     writer.close()
     save_final(state, out_dir / "final")
     return state
 
 
 def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:
-    """Greedy held-out evaluation; appended to eval.jsonl and logged."""
+    """Greedy held-out evaluation; appended to eval.jsonl and logged (rank 0 only; {} on other ranks)."""
     from .evaluate import evaluate
 
     cfg = state.cfg
-    result = evaluate(state.model, state.tokenizer, state.eval_examples, cfg, limit=cfg.run.eval_limit)
+    with state.dist.unsharded(state.model):  # FSDP: every rank gathers the weights, rank 0 evaluates
+        if not state.dist.is_main:
+            return {}
+        result = evaluate(state.model, state.tokenizer, state.eval_examples, cfg, limit=cfg.run.eval_limit)
     row = {"tag": tag, "step": state.step, **result}
     with open(Path(cfg.run.output_dir) / "eval.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")

@@ -1,0 +1,273 @@
+"""`grpokit bench`: the cost of one GRPO optimizer step at fixed work, per phase, optionally next to TRL.
+
+One step = B prompts x G completions of T tokens: sample, score (a trivial reward), reference forward,
+advantages, policy forward + backward, clip + AdamW. The model is a random-init Qwen2 with a 512-token
+vocabulary built offline ("tiny" ~1.1M or "small" ~24M parameters), or --model PATH.
+
+Each side runs in its own subprocess (so peak RSS is its own) and prints one JSON line; this command
+prints both and their ratio. Model FLOPs per step are counted analytically (2 x weights per token plus
+attention, x3 for forward + backward) and divided by each phase's seconds; the fraction is of an fp32
+matmul peak measured in the same process (a 1024^3 matmul loop with the same threads).
+
+    grpokit bench --size tiny --completion-length 64 --fixed-length --compare-trl
+    grpokit bench --size tiny --completion-length 256 --spread-lengths     # natural (EOS) lengths
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SIZES = {"tiny": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=512),
+         "small": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1408)}
+VOCAB = 512
+PHASES = ("generate", "reward", "ref_forward", "policy_fwd_bwd", "optimizer")
+TRL_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trl_grpo_step.py"
+
+
+def build_tokenizer(vocab_size: int = VOCAB):
+    """grpokit's character tokenizer padded with filler tokens to `vocab_size` ids (offline)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from .models import build_char_tokenizer
+
+    vocab = dict(build_char_tokenizer().get_vocab())
+    for i in range(len(vocab), vocab_size):
+        vocab[f"<x{i}>"] = i
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r".|\n"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>",
+                                   bos_token="<bos>", unk_token="<unk>", padding_side="left")
+
+
+def build_model(size: str, seed: int = 0, mean_length: float = 0.0, model_path: str | None = None):
+    """(model, tokenizer): the random-init bench Qwen2, or a local model folder.
+
+    mean_length > 0 gives the lm-head an EOS bias so that, with near-uniform random logits, a completion
+    ends after Geometric(p) tokens, p = 1 / mean_length: lengths spread from 1 to the limit.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+    if model_path:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(model_path)
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        tok.padding_side = "left"
+        return model, tok
+    tok = build_tokenizer()
+    s = SIZES[size]
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                      num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+                      intermediate_size=s["intermediate"], max_position_embeddings=4096,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        if mean_length > 0:
+            head = model.lm_head
+            biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+            biased.weight = head.weight
+            p = 1.0 / mean_length
+            with torch.no_grad():
+                biased.bias.zero_()
+                biased.bias[tok.eos_token_id] = float(torch.log(torch.tensor(p * (VOCAB - 1) / (1 - p))))
+            model.lm_head = biased
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def bench_prompts(n: int) -> list[str]:
+    """n short arithmetic prompts of equal length (no padding waste on either side)."""
+    return [f"Q{i % 10}: {10 + 7 * i % 90}+{11 + 13 * i % 89}=" for i in range(n)]
+
+
+def digit_reward(completions: list[str], **_) -> list[float]:
+    """Trivial reward: the fraction of characters that are digits (varies within a group)."""
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+def matmul_peak_gflops(seconds: float = 1.0, n: int = 1024) -> float:
+    """Best fp32 GFLOP/s of an n^3 matmul over ~`seconds` (the same threads as the run)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    c = a @ b
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=c)
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def model_flops(model, prompt_tokens: int, completion_tokens: int, prompt_len: float, comp_len: float) -> dict:
+    """Forward FLOPs of the phases of one step (x3 for forward + backward).
+
+    Per token: 2 x (decoder weights) + 2 x H x V (lm-head, on completion tokens) + 4 x H_attn x ctx per layer.
+    """
+    cfg = model.config
+    emb = model.get_input_embeddings().weight.numel()
+    decoder = sum(p.numel() for p in model.get_decoder().parameters()) - emb
+    head = model.get_output_embeddings().weight.numel()
+    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * getattr(cfg, "head_dim", None) \
+        if getattr(cfg, "head_dim", None) else 4 * cfg.num_hidden_layers * cfg.hidden_size
+    full_ctx = prompt_len + comp_len / 2                                   # mean context of a completion token
+    gen = completion_tokens * (2 * (decoder + head) + attn * full_ctx) + prompt_tokens * 2 * decoder
+    seq = prompt_tokens + completion_tokens
+    fwd = seq * 2 * decoder + completion_tokens * 2 * head + seq * attn * (prompt_len + comp_len) / 2
+    return {"generate": gen, "ref_forward": fwd, "policy_fwd_bwd": 3 * fwd}
+
+
+def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, side: str) -> dict:
+    """Median seconds per phase over the timed steps, GFLOP/s and the fraction of the matmul peak."""
+    timed, fl = steps[warmup:], flops[warmup:]
+    med = {k: statistics.median(s.get(k, 0.0) for s in timed) for k in ("step", *PHASES)}
+    tokens = statistics.median(s["completion_tokens"] for s in timed)
+    total_fl = sum(sum(f.values()) for f in fl) / len(fl)
+    out = {"side": side, "s_per_step": med["step"], "completion_tokens": tokens,
+           "tokens_per_s": tokens / med["step"], "peak_rss_mib": _peak_rss_mib(),
+           "phases_s": {k: med[k] for k in PHASES}, "matmul_peak_gflops": peak,
+           "gflops": total_fl / med["step"] / 1e9, "all_steps_s": [round(s["step"], 4) for s in steps]}
+    out["peak_fraction"] = out["gflops"] / peak
+    out["phase_peak_fraction"] = {k: (sum(f[k] for f in fl) / len(fl)) / max(med[k], 1e-9) / 1e9 / peak
+                                  for k in ("generate", "ref_forward", "policy_fwd_bwd")}
+    return out
+
+
+def _peak_rss_mib() -> float:
+    from .metrics import peak_rss_mib
+
+    return peak_rss_mib()
+
+
+def run_grpokit(args) -> dict:
+    """grpokit's step, phase by phase (the phases of trainer.train_step), `args.steps` times."""
+    from .config import build_config
+    from .metrics import PhaseTimer
+    from .models import frozen_reference
+    from .rollout import sample_groups
+    from .trainer import TrainState, compute_advantages, forward_logprobs, make_optimizer, policy_update
+
+    model, tok = build_model(args.size, args.seed, args.mean_length, args.model)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    L = args.completion_length
+    cfg = build_config({"loss.beta": args.beta, "loss.loss_type": "grpo", "rollout.num_generations": args.num_generations,
+                        "rollout.prompts_per_step": args.prompts, "rollout.max_completion_length": L,
+                        "optim.learning_rate": 1e-6, "run.max_steps": args.steps})
+    ref = frozen_reference(model) if args.beta > 0 else None
+    opt, sched = make_optimizer(model, cfg)
+    state = TrainState(cfg, model, tok, ref, opt, sched, [], None)
+    peak = matmul_peak_gflops()
+    prompts, steps, flops = bench_prompts(args.prompts), [], []
+    for _ in range(args.steps):
+        timer, t0 = PhaseTimer(), time.perf_counter()
+        with timer("generate"):
+            r = sample_groups(model, tok, prompts, args.num_generations, L, backend=args.backend,
+                              suppress_eos=args.fixed_length)
+        with timer("reward"):
+            rewards = torch.tensor(digit_reward(r.completions))
+        with timer("ref_forward"):
+            ref_lp = forward_logprobs(ref, r, cfg) if ref is not None else None
+        adv = compute_advantages(cfg, r, rewards, None)
+        with timer("update"):
+            policy_update(state, r, adv, None, ref_lp, r.completion_mask.float(), timer)
+        sec = timer.pop()
+        row = {k[5:]: v for k, v in sec.items()}
+        row["policy_fwd_bwd"] = row.pop("update") - row.get("optimizer", 0.0)
+        row["step"] = time.perf_counter() - t0
+        n_comp = float(r.completion_mask.sum())
+        row["completion_tokens"] = n_comp
+        steps.append(row)
+        p_tok = float(r.prompt_mask.sum())
+        flops.append(model_flops(model, p_tok, n_comp, p_tok / r.prompt_mask.shape[0], n_comp / r.prompt_mask.shape[0]))
+    return summarize(steps, args.warmup, flops, peak, "grpokit")
+
+
+def _side(args, side: str) -> dict:
+    """Run one side in a fresh interpreter; returns its JSON result."""
+    argv = [a for a in args.argv if a != "--compare-trl"]
+    cmd = [sys.executable, "-m", "grpokit.bench", *argv, "--side", side] if side == "grpokit" else \
+        [sys.executable, str(TRL_SCRIPT), *argv]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"bench: the {side} side failed (exit {proc.returncode}); its stderr is above")
+    return json.loads(lines[-1])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="grpokit bench", description=__doc__.splitlines()[0])
+    p.add_argument("--size", choices=tuple(SIZES), default="tiny", help="built-in random-init Qwen2")
+    p.add_argument("--model", default=None, help="local model folder instead of --size")
+    p.add_argument("--prompts", type=int, default=4, help="B: prompts per step")
+    p.add_argument("--num-generations", type=int, default=8, help="G: completions per prompt")
+    p.add_argument("--completion-length", type=int, default=64, help="T: max completion tokens")
+    p.add_argument("--fixed-length", action="store_true", help="block EOS: every completion has T tokens")
+    p.add_argument("--spread-lengths", action="store_true", help="EOS bias so lengths spread (mean T/4)")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps run (warm-up included)")
+    p.add_argument("--warmup", type=int, default=1, help="first steps left out of the figures")
+    p.add_argument("--beta", type=float, default=0.04, help="KL coefficient (0: no reference forward)")
+    p.add_argument("--backend", default="auto", choices=("auto", "fast", "generate"), help="grpokit sampler")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="both sides recompute activations")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compare-trl", action="store_true", help="also run TRL's GRPOTrainer, print the ratio")
+    p.add_argument("--side", choices=("grpokit",), default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.steps <= args.warmup:
+        p.error("--steps must exceed --warmup: raise --steps")
+    if args.fixed_length and args.spread_lengths:
+        p.error("--fixed-length and --spread-lengths exclude each other: pick one")
+    args.mean_length = args.completion_length / 4 if args.spread_lengths else 0.0
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `grpokit bench`; prints one JSON object per side, then the comparison."""
+    if "--memory" in (sys.argv[1:] if argv is None else argv):  # peak memory and its breakdown: grpokit.membench
+        from .membench import main as memory_main
+        return memory_main(argv)
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.side == "grpokit":
+        torch.manual_seed(args.seed)
+        print(json.dumps(run_grpokit(args)))
+        return 0
+    results = {"grpokit": _side(args, "grpokit")}
+    print(json.dumps(results["grpokit"]))
+    if args.compare_trl:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            print("bench: --compare-trl needs TRL: pip install 'grpokit[bench]'", file=sys.stderr)
+            return 2
+        if not TRL_SCRIPT.is_file():
+            print(f"bench: --compare-trl needs {TRL_SCRIPT} (run from a grpokit source checkout)", file=sys.stderr)
+            return 2
+        results["trl"] = _side(args, "trl")
+        print(json.dumps(results["trl"]))
+        g, t = results["grpokit"], results["trl"]
+        print(json.dumps({"ratio_trl_over_grpokit_s_per_step": t["s_per_step"] / g["s_per_step"],
+                          "grpokit_s_per_step": g["s_per_step"], "trl_s_per_step": t["s_per_step"],
+                          "rss_grpokit_mib": g["peak_rss_mib"], "rss_trl_mib": t["peak_rss_mib"],
+                          "tokens_grpokit": g["completion_tokens"], "tokens_trl": t["completion_tokens"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Evaluation on a held-out split: greedy pass@1, sampled pass@k, mean reward, format rate, length.
+
+    grpokit eval                                   # the shipped demo checkpoint on 500 held-out problems
+    grpokit eval --model runs/demo/final --limit 100 --samples 8 --k 1,4,8
+    grpokit eval configs/smollm2_arith_cpu.yaml --limit 50 --out report.json
+
+Greedy decoding (argmax, one completion per problem) gives `accuracy` = pass@1 and the figures the
+trainer logs before, during and after training (`grpokit.trainer._evaluate_and_log` calls
+`evaluate`), so `grpokit eval` on the starting model reproduces the trainer's step-0 row exactly.
+
+With `num_samples` n > 0, n completions per problem are also sampled at the rollout temperature and
+pass@k is the unbiased estimator of Chen et al. (2021) averaged over problems:
+
+    pass@k = E_problems[ 1 - C(n - c, k) / C(n, k) ],   c = correct samples among n, k <= n
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .config import GRPOConfig
+
+EVAL_BATCH = 128  # problems decoded at once; fixed so train and `grpokit eval` batch identically
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem: 1 - C(n - c, k) / C(n, k).
+
+    Computed as 1 - prod_{i = n - c + 1}^{n} (1 - k / i), which avoids huge binomials.
+
+    Args:
+        n: samples drawn (n >= k).
+        c: correct samples among them (0 <= c <= n).
+        k: the budget.
+
+    Returns:
+        The probability that at least one of k samples drawn without replacement from the n is correct.
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}: lower k or raise the sample count")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n, got c={c}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def _score(cfg: GRPOConfig, tokenizer, rollout, examples: Sequence, group_size: int) -> dict[str, torch.Tensor]:
+    """Per-completion reward (the configured weighted sum), correctness and format: each [N]."""
+    from .rewards import REWARDS, reward_kwargs, score_responses, token_char_ends
+    from .trainer import build_reward_funcs
+
+    funcs = build_reward_funcs(cfg)
+    columns = {k: [ex.columns.get(k) for ex in examples for _ in range(group_size)] for k in examples[0].columns}
+    ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
+    extra: dict[str, Any] = {**reward_kwargs(cfg), "completion_ids": ids}
+    if any(getattr(fn, "process", False) for _, fn, _ in funcs):
+        extra["completion_char_ends"] = [token_char_ends(tokenizer, row) for row in ids]
+    extra = {k: v for k, v in extra.items() if k not in columns}  # a column wins (task_format is one)
+    scores = score_responses(funcs, rollout.prompts, rollout.completions, columns,
+                             reward_errors=cfg.reward.reward_errors, **extra)
+    correct = REWARDS["accuracy"](rollout.prompts, rollout.completions, **columns)
+    formatted = REWARDS["format"](rollout.prompts, rollout.completions, **columns)
+    return {"reward": scores.total, "correct": torch.tensor(correct, dtype=torch.float32),
+            "format": torch.tensor(formatted, dtype=torch.float32),
+            "length": rollout.completion_mask.sum(-1).float().cpu(), "truncated": rollout.truncated.float().cpu()}
+
+
+def _decode_all(model, tokenizer, examples: Sequence, cfg: GRPOConfig, group_size: int, greedy: bool,
+                progress: bool, desc: str) -> dict[str, torch.Tensor]:
+    """Decode `group_size` completions per example in fixed batches and score them; tensors [N]."""
+    from tqdm import tqdm
+
+    from .rollout import sample_groups
+
+    r = cfg.rollout
+    parts: list[dict[str, torch.Tensor]] = []
+    batch = max(1, EVAL_BATCH // group_size)
+    for s in tqdm(range(0, len(examples), batch), desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
+        chunk = examples[s:s + batch]
+        rollout = sample_groups(model, tokenizer, [ex.prompt for ex in chunk], group_size, r.max_completion_length,
+                                r.temperature, r.top_p, r.top_k, r.max_prompt_length, r.truncate_prompt, r.backend,
+                                greedy=greedy)
+        parts.append(_score(cfg, tokenizer, rollout, chunk, group_size))
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int = -1, num_samples: int = 0,
+             ks: Sequence[int] = (1,), seed: int = 0, progress: bool | None = None) -> dict[str, float]:
+    """Greedy (and optionally sampled) evaluation of `model` on the first `limit` examples.
+
+    Args:
+        model: a causal LM (its train/eval mode is restored afterwards).
+        tokenizer: its tokenizer (left padding).
+        examples: held-out `grpokit.tasks.Example`s (prompt, answer, columns).
+        cfg: the run config: rollout.* (length limits, temperature, top_p/top_k for sampling), reward.*.
+        limit: evaluate the first `limit` examples; -1 (or 0) = all of them.
+        num_samples: n completions sampled per problem for pass@k; 0 = greedy only.
+        ks: the k of each pass@k (each <= num_samples).
+        seed: sampling seed (the caller's RNG state is left untouched).
+        progress: show a progress bar (default: cfg.run.progress).
+
+    Returns:
+        {num_problems, accuracy (greedy pass@1), reward_mean, format_rate, completion_length_mean,
+        frac_truncated}; with sampling also sampled_accuracy, sampled_reward_mean,
+        sampled_format_rate, sampled_completion_length_mean and pass@k for each k.
+    """
+    if not examples:
+        raise ValueError("evaluate() got no examples: check task.eval_split")
+    examples = list(examples if limit is None or limit <= 0 else examples[:limit])
+    if num_samples and any(not 1 <= k <= num_samples for k in ks):
+        raise ValueError(f"every k must be in [1, num_samples={num_samples}], got {list(ks)}: lower k or raise --samples")
+    progress = cfg.run.progress if progress is None else progress
+    greedy = _decode_all(model, tokenizer, examples, cfg, 1, True, progress, "eval greedy")
+    out = {"num_problems": float(len(examples)), "accuracy": float(greedy["correct"].mean()),
+           "reward_mean": float(torch.nanmean(greedy["reward"])), "format_rate": float(greedy["format"].mean()),
+           "completion_length_mean": float(greedy["length"].mean()),
+           "frac_truncated": float(greedy["truncated"].mean())}
+    if num_samples:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            sampled = _decode_all(model, tokenizer, examples, cfg, num_samples, False, progress, "eval sampled")
+        c = sampled["correct"].view(len(examples), num_samples).sum(-1)   # [problems] correct samples
+        out.update({"num_samples": float(num_samples), "sampled_accuracy": float(sampled["correct"].mean()),
+                    "sampled_reward_mean": float(torch.nanmean(sampled["reward"])),
+                    "sampled_format_rate": float(sampled["format"].mean()),
+                    "sampled_completion_length_mean": float(sampled["length"].mean())})
+        for k in ks:
+            out[f"pass@{k}"] = sum(pass_at_k(num_samples, int(ci), k) for ci in c) / len(examples)
+    return out
+
+
+def eval_config(path: str | None, overrides: list[str]) -> GRPOConfig:
+    """The run config to evaluate with: a YAML file, or the demo's embedded config, plus overrides."""
+    from .cli import train_config
+
+    return train_config(path, overrides, resume=False, overwrite=False)
+
+
+def main(argv: list[str]) -> int:
+    """`grpokit eval [config.yaml] [key=value ...] [--model PATH] [--limit N] [--samples n --k 1,4]`."""
+    p = argparse.ArgumentParser(prog="grpokit eval", description="Evaluate a model on the task's held-out split.")
+    p.add_argument("items", nargs="*", help="an optional YAML config, then key=value overrides (default: the demo)")
+    p.add_argument("--model", help="model folder or alias (default: the config's model.name_or_path)")
+    p.add_argument("--split", help="split to evaluate (default: task.eval_split)")
+    p.add_argument("--limit", type=int, default=None, help="first N problems (default: run.eval_limit, else all)")
+    p.add_argument("--samples", type=int, default=0, help="n sampled completions per problem for pass@k (0: greedy only)")
+    p.add_argument("--k", default="1", help="comma-separated k values for pass@k, each <= --samples")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--out", default="eval_report.json", help="where the JSON report goes")
+    args = p.parse_args(argv)
+    path = args.items[0] if args.items and "=" not in args.items[0] else None
+    overrides = (args.items[1:] if path else args.items) + ([f"model.name_or_path={args.model}"] if args.model else [])
+    cfg = eval_config(path, overrides)
+    try:
+        ks = [int(k) for k in args.k.split(",") if k]
+    except ValueError:
+        print(f"error: --k must be comma-separated integers, got {args.k!r}", file=sys.stderr)
+        return 2
+    if args.samples and any(not 1 <= k <= args.samples for k in ks):
+        print(f"error: every --k must be between 1 and --samples ({args.samples}), got {args.k}", file=sys.stderr)
+        return 2
+    from .models import load_model_and_tokenizer
+    from .tasks import load_examples
+
+    split = args.split or cfg.task.eval_split
+    limit = args.limit if args.limit is not None else (cfg.run.eval_limit or -1)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
+    examples = load_examples(cfg.task, split)
+    result = evaluate(model, tokenizer, examples, cfg, limit=limit, num_samples=args.samples,
+                      ks=ks if args.samples else (), seed=args.seed, progress=True)
+    report = {"model": cfg.model.name_or_path, "task": cfg.task.name, "split": split, **result}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value:.4f}" if not key.startswith("num_") else f"{key:<{width}}  {int(value)}")
+    print(f"report: {args.out}")
+    return 0

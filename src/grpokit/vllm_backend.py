@@ -1,0 +1,267 @@
+"""[A] Rollouts from vLLM (rollout.backend=vllm, the optional [vllm] extra), same `Rollout` contract.
+
+Two placements (rollout.vllm_mode):
+
+    colocate  each training process holds a vLLM `LLM` engine on its own GPU, limited to
+              rollout.vllm_gpu_memory_utilization of the memory. Per step: wake_up -> load the current
+              weights (in-process, no copy over a network) -> generate -> sleep (KV cache and weights
+              offloaded, the memory goes back to training).
+    server    a separate `grpokit vllm-serve` process on other GPUs; rank 0 pushes the weights after
+              each update (safetensors over HTTP), every rank sends its own prompts.
+
+The tokens come with vLLM's own log-probs (`Rollout.sampling_logprobs`): the distribution they were
+drawn from. vLLM computes them with other kernels (and often another precision) than the trainer, so
+pi_sampler != pi_old; the trainer corrects this with truncated importance sampling
+(loss.truncated_is_weights, loss.tis_level / loss.tis_cap) and reports tis/mean_weight, tis/clipped_frac.
+
+Any object with the `GenerationEngine` methods can stand in for vLLM (the tests use a CPU stand-in).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Protocol, Sequence
+
+import torch
+
+from .rollout import Rollout, completion_mask_from_ids, encode_prompts, eos_token_ids
+
+log = logging.getLogger("grpokit")
+
+INSTALL_HINT = "rollout.backend=vllm needs vLLM: pip install 'grpokit[vllm]' (CUDA GPU), or use rollout.backend=auto"
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """What to sample: n completions per prompt from temperature / top-p / top-k, at most max_tokens."""
+
+    n: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                 # 0 keeps all tokens
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Sample:
+    """One completion: its token ids (EOS included when it stopped there) and their sampling log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+class GenerationEngine(Protocol):
+    """The four calls grpokit makes on a generation engine (vLLM, the HTTP client, or a test stand-in)."""
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Sample]]:
+        """spec.n samples for each prompt (unpadded token ids), in prompt order."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights with these (Hugging Face parameter names)."""
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory until `wake_up` (colocated mode)."""
+
+    def wake_up(self) -> None:
+        """Take the GPU memory back."""
+
+
+def require_vllm():
+    """The vllm module, or a one-line ImportError saying how to get it."""
+    try:
+        import vllm
+    except ImportError:
+        raise ImportError(INSTALL_HINT) from None
+    return vllm
+
+
+def in_process_backend() -> str:
+    """The sampler `sample_groups` uses when called directly (evaluation) while rollout.backend=vllm."""
+    return "auto"
+
+
+class VLLMEngine:
+    """A colocated vLLM `LLM` engine (also what `grpokit vllm-serve` serves).
+
+    Log-probs are requested as "processed" (after temperature, top-k and top-p): the distribution the
+    tokens were actually drawn from, which is the denominator the importance weight needs.
+    """
+
+    def __init__(self, model_path: str, gpu_memory_utilization: float = 0.3, dtype: str = "auto",
+                 seed: int = 0, max_model_len: int | None = None, enable_sleep_mode: bool = True) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: weights load here
+        vllm = require_vllm()
+        self._params = vllm.SamplingParams
+        self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, dtype=dtype,
+                            seed=seed, max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode,
+                            logprobs_mode="processed_logprobs")
+        self.sleeping = False
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Sample]]:
+        outs = []
+        for i, ids in enumerate(prompt_ids):   # one request per prompt: n samples share its prefix cache
+            params = self._params(n=spec.n, max_tokens=spec.max_tokens, temperature=spec.temperature,
+                                  top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else -1, logprobs=0,
+                                  stop_token_ids=list(spec.stop_token_ids),
+                                  seed=None if spec.seed is None else spec.seed + i)
+            outs.append((list(ids), params))
+        results = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in outs], [p for _, p in outs],
+                                    use_tqdm=False)
+        return [[Sample(list(c.token_ids), [step[t].logprob for t, step in zip(c.token_ids, c.logprobs)])
+                 for c in r.outputs] for r in results]
+
+    def _model(self):
+        executor = self.llm.llm_engine.model_executor
+        worker = executor.driver_worker
+        worker = getattr(worker, "worker", worker)      # vLLM v1 wraps the worker once more
+        return worker.model_runner.model
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._model().load_weights(weights=weights)
+        self.llm.reset_prefix_cache()                   # cached prefixes were computed with the old weights
+
+    def sleep(self) -> None:
+        if not self.sleeping:
+            self.llm.sleep(level=1)                     # offload weights to CPU, drop the KV cache
+            self.sleeping = True
+
+    def wake_up(self) -> None:
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+
+class ServerEngine:
+    """Client of `grpokit vllm-serve` (rollout.vllm_mode=server): JSON for generation, safetensors for weights."""
+
+    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
+        self.base_url, self.timeout = base_url.rstrip("/"), timeout
+
+    def _post(self, path: str, body: bytes, content_type: str = "application/json") -> Any:
+        req = urllib.request.Request(self.base_url + path, data=body, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read() or b"null")
+        except OSError as e:
+            raise ConnectionError(f"vLLM server {self.base_url} did not answer {path} ({e}): start it with "
+                                  "`grpokit vllm-serve --model PATH` or fix rollout.vllm_server_base_url") from None
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Sample]]:
+        body = json.dumps({"prompt_ids": [list(map(int, p)) for p in prompt_ids], "spec": asdict(spec)})
+        out = self._post("/generate", body.encode())
+        return [[Sample(s["token_ids"], s["logprobs"]) for s in group] for group in out["samples"]]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        from safetensors.torch import save
+
+        blob = save({k: v.detach().cpu().clone() for k, v in weights})   # clone: tied weights share storage
+        self._post("/load_weights", blob, "application/octet-stream")
+
+    def sleep(self) -> None:          # the server owns its GPUs: nothing to free here
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+
+def rollout_from_samples(tokenizer, prompts: Sequence[Any], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                         samples: list[list[Sample]], group_size: int, eos_ids: list[int]) -> Rollout:
+    """Assemble an engine's samples into a `Rollout` exactly as `sample_groups` lays one out.
+
+    Args:
+        prompts: B prompts; prompt_ids / prompt_mask: [B, P] left-padded (encode_prompts).
+        samples: per prompt, G samples.
+
+    Returns:
+        A Rollout with N = B * G rows; completions right-padded, masked after the first EOS,
+        sampling_logprobs [N, T] (0 on padding).
+    """
+    flat = [s for group in samples for s in group]
+    if any(len(g) != group_size for g in samples) or len(samples) != len(prompts):
+        raise ValueError(f"the engine returned {[len(g) for g in samples]} samples for {len(prompts)} prompts; "
+                         f"expected {group_size} each")
+    pad = tokenizer.pad_token_id
+    T = max(1, max(len(s.token_ids) for s in flat))
+    ids = torch.full((len(flat), T), pad, dtype=torch.long)                          # [N, T]
+    lps = torch.zeros(len(flat), T)                                                  # [N, T]
+    for i, s in enumerate(flat):
+        ids[i, :len(s.token_ids)] = torch.tensor(s.token_ids, dtype=torch.long)
+        lps[i, :len(s.logprobs)] = torch.tensor(s.logprobs, dtype=torch.float32)
+    mask, truncated = completion_mask_from_ids(ids, eos_ids)
+    lengths = torch.tensor([len(s.token_ids) for s in flat])
+    mask = mask * (torch.arange(T)[None, :] < lengths[:, None]).long()    # never past a sample's own end
+    ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad))
+    device = prompt_ids.device
+    return Rollout(
+        prompt_ids=prompt_ids.repeat_interleave(group_size, 0), prompt_mask=prompt_mask.repeat_interleave(group_size, 0),
+        completion_ids=ids.to(device), completion_mask=mask.to(device),
+        group_ids=torch.arange(len(prompts), device=device).repeat_interleave(group_size),
+        completions=tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True),
+        prompts=[p for p in prompts for _ in range(group_size)], truncated=truncated.to(device),
+        group_size=group_size, sampling_logprobs=(lps * mask).to(device))
+
+
+class VLLMRollouts:
+    """The engine of a run and the step its weights belong to; `sample` keeps them in sync.
+
+    push_weights: whether this process pushes the policy's weights (colocated: every rank to its own
+    engine; server: rank 0 only, the other ranks wait at a barrier).
+    """
+
+    def __init__(self, engine: GenerationEngine, colocate: bool, push_weights: bool = True,
+                 synced_step: int = -1) -> None:
+        self.engine, self.colocate, self.push_weights, self.synced_step = engine, colocate, push_weights, synced_step
+
+    def sample(self, state: Any, prompts: Sequence[Any]) -> Rollout:
+        """G completions for each prompt from the engine, holding the policy's weights of this step."""
+        r = state.cfg.rollout
+        if self.colocate:
+            self.engine.wake_up()
+        if self.synced_step != state.step:
+            if self.push_weights:
+                self.engine.load_weights(state.model.state_dict().items())
+            state.dist.barrier()          # server mode: nobody samples before rank 0 has pushed
+            self.synced_step = state.step
+        chat = [isinstance(p, list) for p in prompts]
+        texts = [state.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) if c else p
+                 for p, c in zip(prompts, chat)]
+        p_ids, p_mask = encode_prompts(state.tokenizer, texts, r.max_prompt_length, r.truncate_prompt,
+                                       add_special_tokens=not any(chat))
+        eos = eos_token_ids(state.model, state.tokenizer)
+        seed = int(torch.randint(0, 2**31 - 1, (1,)))   # from the run's RNG: reproducible and resumable
+        spec = SamplingSpec(r.num_generations, r.max_completion_length, r.temperature, r.top_p, r.top_k,
+                            tuple(eos), seed)
+        samples = self.engine.generate([row[m.bool()].tolist() for row, m in zip(p_ids, p_mask)], spec)
+        if self.colocate:
+            self.engine.sleep()
+        device = next(state.model.parameters()).device
+        return rollout_from_samples(state.tokenizer, prompts, p_ids.to(device), p_mask.to(device), samples,
+                                    r.num_generations, eos)
+
+
+def build_rollouts(state: Any) -> VLLMRollouts:
+    """The configured engine: a colocated vLLM started from the current policy, or the server client."""
+    r = state.cfg.rollout
+    if r.vllm_mode == "server":
+        return VLLMRollouts(ServerEngine(r.vllm_server_base_url), colocate=False, push_weights=state.dist.is_main)
+    require_vllm()
+    folder = tempfile.mkdtemp(prefix="grpokit-vllm-")       # vLLM starts from a save_pretrained folder
+    state.model.save_pretrained(folder)
+    state.tokenizer.save_pretrained(folder)
+    engine = VLLMEngine(folder, r.vllm_gpu_memory_utilization, state.cfg.model.dtype, state.cfg.run.seed,
+                        max_model_len=r.max_prompt_length + r.max_completion_length)
+    return VLLMRollouts(engine, colocate=True, synced_step=state.step)
+
+
+def vllm_sample(state: Any, prompts: Sequence[Any]) -> Rollout:
+    """rollout.backend=vllm: this rank's prompts sampled by the run's engine (built on first use)."""
+    if state.rollout_engine is None:
+        state.rollout_engine = build_rollouts(state)
+    return state.rollout_engine.sample(state, prompts)

@@ -1,0 +1,110 @@
+"""The lean training step (length-bucketed micro-batches, chunked log-probs) against the plain computation."""
+
+import pytest
+import torch
+
+from grpokit import trainer
+from grpokit.bench import bench_prompts, build_model
+from grpokit.config import build_config
+from grpokit.logprobs import length_buckets, micro_batches, position_ids_from_mask
+from grpokit.loss import grpo_objective_from_logprobs
+from grpokit.models import frozen_reference
+from grpokit.rollout import sample_groups
+
+
+def test_length_buckets_hand_examples():
+    # [10, 10, 1, 1], no launch cost: two groups (2*10 + 2*1 = 22 slots) beat one (4*10 = 40)
+    groups = length_buckets(torch.tensor([1, 10, 1, 10]), max_rows=4, overhead_tokens=0)
+    assert [sorted(g.tolist()) for g in groups] == [[1, 3], [0, 2]]
+    # a launch cost of 100 slots makes one group cheaper (40 + 100 < 22 + 200)
+    assert len(length_buckets(torch.tensor([1, 10, 1, 10]), 4, 100)) == 1
+    # equal lengths: the plain consecutive micro-batches
+    assert [g.tolist() for g in length_buckets(torch.full((5,), 7), 2, 0)] == [[0, 1], [2, 3], [4]]
+
+
+def test_length_buckets_partition_and_cost_against_brute_force():
+    torch.manual_seed(0)
+    for _ in range(20):
+        lengths = torch.randint(1, 50, (7,))
+        groups = length_buckets(lengths, max_rows=3, overhead_tokens=5.0)
+        flat = torch.cat(groups).tolist()
+        assert sorted(flat) == list(range(7)) and all(len(g) <= 3 for g in groups)
+        cost = sum(len(g) * int(lengths[g].max()) + 5.0 for g in groups)
+        # brute force over every cut of the sorted order
+        s = sorted(lengths.tolist(), reverse=True)
+        best = float("inf")
+        for mask in range(1 << 6):
+            cuts = [0] + [i + 1 for i in range(6) if mask >> i & 1] + [7]
+            parts = [s[a:b] for a, b in zip(cuts, cuts[1:])]
+            if all(len(p) <= 3 for p in parts):
+                best = min(best, sum(len(p) * p[0] + 5.0 for p in parts))
+        assert cost == best
+
+
+@pytest.fixture()
+def varied_batch():
+    model, tok = build_model("tiny", mean_length=6)   # EOS-biased: completions stop at spread-out lengths
+    torch.manual_seed(0)
+    r = sample_groups(model, tok, bench_prompts(3), 4, 16, backend="fast")
+    assert len(set(r.completion_lengths.tolist())) >= 4
+    return model, tok, r
+
+
+def _plain_logprobs(model, r, temperature=1.0):
+    """The textbook computation: full [N, P+T, V] log-softmax over the untrimmed batch."""
+    ids, att = r.input_ids, r.attention_mask
+    T = r.completion_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att)).logits
+    logp = torch.log_softmax(logits[:, -T - 1:-1].float() / temperature, -1)
+    return logp.gather(-1, ids[:, -T:, None]).squeeze(-1)
+
+
+def _zero_launch_cost(pm, cm, mb, n_params, by_length=True):
+    """micro_batches with no launch cost: as many length buckets as padding makes worthwhile."""
+    return micro_batches(pm, cm, mb, 10**12, by_length)
+
+
+def test_bucketed_reference_forward_equals_plain(varied_batch, monkeypatch):
+    model, _, r = varied_batch
+    cfg = build_config({"rollout.max_completion_length": 24})
+    assert len(_zero_launch_cost(r.prompt_mask, r.completion_mask, r.completion_ids.shape[0], 0)) > 2
+    monkeypatch.setattr(trainer, "micro_batches", _zero_launch_cost)
+    got = trainer.forward_logprobs(model, r, cfg)
+    with torch.no_grad():
+        want = _plain_logprobs(model, r)
+    m = r.completion_mask.bool()
+    assert torch.allclose(got[m], want[m], atol=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "bnpo"])
+def test_policy_update_loss_and_gradients_equal_plain_path(varied_batch, monkeypatch, loss_type):
+    model, tok, r = varied_batch
+    cfg = build_config({"loss.loss_type": loss_type, "loss.beta": 0.04, "rollout.max_completion_length": 16,
+                        "rollout.num_generations": 4})
+    ref = frozen_reference(model)
+    with torch.no_grad():                      # a reference that differs from the policy: non-zero KL
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    ref_lp = trainer.forward_logprobs(ref, r, cfg)
+    adv = torch.randn(r.completion_ids.shape[0])
+    mask = r.completion_mask.float()
+    # plain path: one full batch, textbook log-probs
+    new_lp = _plain_logprobs(model, r)
+    loss, _ = grpo_objective_from_logprobs(new_lp, None, ref_lp, mask, adv, 0.2, 0.04, loss_type=loss_type,
+                                           max_completion_length=16)
+    want = torch.autograd.grad(loss, list(model.parameters()))
+    # fast path: policy_update with length buckets (launch cost 0: as many buckets as pays off)
+    monkeypatch.setattr(trainer, "micro_batches", _zero_launch_cost)
+    got = {}
+
+    def capture(state, finite=True):
+        got["grads"] = [p.grad.clone() for p in state.model.parameters()]
+        state.optimizer.zero_grad(set_to_none=True)
+        return 0.0
+    monkeypatch.setattr(trainer, "_clip_and_step", capture)
+    opt, sched = trainer.make_optimizer(model, cfg)
+    state = trainer.TrainState(cfg, model, tok, ref, opt, sched, [], None)
+    out = trainer.policy_update(state, r, adv, None, ref_lp, mask, trainer.PhaseTimer())
+    assert abs(out["loss"] - float(loss.detach())) < 1e-5
+    for a, b in zip(got["grads"], want):
+        assert torch.allclose(a, b, atol=1e-5)
