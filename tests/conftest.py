@@ -21,3 +21,12 @@ def tiny_model(char_tokenizer):
     from grpokit.models import tiny_random_model
 
     return tiny_random_model(char_tokenizer, seed=0)
+
+
+@pytest.fixture()
+def one_thread():
+    """Run a test on one torch thread (subprocess-heavy tests leave the other core to their children)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -8,7 +8,6 @@ config run in this (single) process.
 import json
 import os
 import socket
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,7 @@ import torch.multiprocessing as mp
 from grpokit.config import build_config
 from grpokit.distributed import Distributed, ShardedStream
 
-EASY = str(Path(__file__).with_name("easy_rewards.py")) + ":share_of_a"
-
-
-@dataclass
-class Ex:
-    prompt: str
-    answer: str = ""
-    columns: dict = field(default_factory=dict)
-
-
-PROMPTS = [Ex(p) for p in ("Say a:", "Go:", "Letters:", "Write:", "Now:", "Type:", "Start:", "Next:")]
+from test_trainer import EASY, PROMPTS  # the same easy task as the one-process tests
 
 
 def _config(out: str, **over):

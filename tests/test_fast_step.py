@@ -68,7 +68,7 @@ def test_bucketed_reference_forward_equals_plain(varied_batch, monkeypatch):
     model, _, r = varied_batch
     cfg = build_config({"rollout.max_completion_length": 24})
     assert len(_zero_launch_cost(r.prompt_mask, r.completion_mask, r.completion_ids.shape[0], 0)) > 2
-    monkeypatch.setattr(trainer, "micro_batches", _zero_launch_cost)
+    monkeypatch.setattr("grpokit.update.micro_batches", _zero_launch_cost)
     got = trainer.forward_logprobs(model, r, cfg)
     with torch.no_grad():
         want = _plain_logprobs(model, r)
@@ -94,14 +94,14 @@ def test_policy_update_loss_and_gradients_equal_plain_path(varied_batch, monkeyp
                                            max_completion_length=16)
     want = torch.autograd.grad(loss, list(model.parameters()))
     # fast path: policy_update with length buckets (launch cost 0: as many buckets as pays off)
-    monkeypatch.setattr(trainer, "micro_batches", _zero_launch_cost)
+    monkeypatch.setattr("grpokit.update.micro_batches", _zero_launch_cost)
     got = {}
 
     def capture(state, finite=True):
         got["grads"] = [p.grad.clone() for p in state.model.parameters()]
         state.optimizer.zero_grad(set_to_none=True)
         return 0.0
-    monkeypatch.setattr(trainer, "_clip_and_step", capture)
+    monkeypatch.setattr("grpokit.update.clip_and_step", capture)
     opt, sched = trainer.make_optimizer(model, cfg)
     state = trainer.TrainState(cfg, model, tok, ref, opt, sched, [], None)
     out = trainer.policy_update(state, r, adv, None, ref_lp, mask, trainer.PhaseTimer())

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 import grpokit.trainer as trainer_mod
+import grpokit.update as update_mod
 from grpokit.checkpoint import verify_checkpoint
 from grpokit.config import build_config
 from grpokit.metrics import read_metrics
@@ -31,17 +32,12 @@ def tiny(out: Path, **over):
     return build_config(values)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def nan_loss_on(monkeypatch, steps: set[int], holder: dict) -> None:
     """Test hook: the GRPO objective returns NaN while the trainer is at one of `steps` (1-based)."""
-    real = trainer_mod.grpo_objective_from_logprobs
+    real = update_mod.grpo_objective_from_logprobs
 
     def patched(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
@@ -49,7 +45,7 @@ def nan_loss_on(monkeypatch, steps: set[int], holder: dict) -> None:
             loss = loss * float("nan")
         return loss, metrics
 
-    monkeypatch.setattr(trainer_mod, "grpo_objective_from_logprobs", patched)
+    monkeypatch.setattr(update_mod, "grpo_objective_from_logprobs", patched)
 
 
 def snapshots(holder: dict):

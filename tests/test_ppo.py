@@ -106,7 +106,7 @@ def test_ppo_micro_batches_give_the_big_batch_gradients(tmp_path, monkeypatch):
         state.optimizer.zero_grad(set_to_none=True)
         return 0.0
 
-    monkeypatch.setattr("grpokit.ppo._clip_and_step", capture_policy)
+    monkeypatch.setattr("grpokit.ppo.clip_and_step", capture_policy)
     for mb in (0, 8):
         cfg = easy_config(tmp_path, **{"loss.algorithm": "ppo", "optim.micro_batch_size": mb})
         state = build_state(cfg, train_examples=PROMPTS)

@@ -202,7 +202,7 @@ def test_trainer_micro_batches_give_the_big_batch_loss_and_gradients(tmp_path, m
         state.optimizer.zero_grad(set_to_none=True)
         return 0.0
 
-    monkeypatch.setattr(trainer_mod, "_clip_and_step", capture)
+    monkeypatch.setattr("grpokit.update.clip_and_step", capture)
     results = {}
     for mb in (0, 8):
         cfg = easy_config(tmp_path, **{"optim.micro_batch_size": mb, "loss.loss_type": loss_type})

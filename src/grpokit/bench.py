@@ -199,12 +199,17 @@ def _side(args, side: str) -> dict:
     argv = [a for a in args.argv if a != "--compare-trl"]
     cmd = [sys.executable, "-m", "grpokit.bench", *argv, "--side", side] if side == "grpokit" else \
         [sys.executable, str(TRL_SCRIPT), *argv]
+    return run_json_side(cmd, f"bench: the {side} side")
+
+
+def run_json_side(cmd: list[str], what: str) -> dict:
+    """Run one benchmark side in a fresh interpreter (its own peak RSS); its last JSON line."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"bench: the {side} side failed (exit {proc.returncode}); its stderr is above")
+        raise SystemExit(f"{what} failed (exit {proc.returncode}); its stderr is above")
     return json.loads(lines[-1])
 
 

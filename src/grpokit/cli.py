@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="grpokit: %(message)s")
     for noisy in ("httpx", "urllib3", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the middle of our output
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: grpokit {train,eval,sft,plot,report,bench} ... (grpokit train: the built-in demo)")
         return 0 if argv else 2

@@ -171,24 +171,6 @@ PRESETS: dict[str, dict[str, Any]] = {
              "loss.beta": 0.0, "loss.loss_type": "grpo"},
 }
 
-CHOICES = {
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "task.name": ("arithmetic", "gsm8k", "math500", "jsonl"),
-    "task.format": ("boxed", "r1"),
-    "rollout.truncate_prompt": ("left", "error"),
-    "rollout.backend": ("auto", "fast", "generate", "vllm"),
-    "reward.reward_errors": ("raise", "skip"),
-    "loss.loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
-    "loss.importance_sampling_level": ("token", "sequence"),
-    "loss.scale_rewards": ("group", "batch", "none"),
-    "rollout.vllm_mode": ("colocate", "server"),
-    "loss.tis_level": ("token", "sequence", "none"),
-    "loss.algorithm": ("grpo", "ppo"),
-    "optim.lr_scheduler_type": ("constant", "linear"),
-    "optim.optim": ("adamw", "adamw_8bit"),
-}
-
-
 @dataclass
 class GRPOConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -201,6 +183,8 @@ class GRPOConfig:
     preset: str | None = None
 
     def __post_init__(self) -> None:
+        from .validation import validate  # the checks live beside, one function per concern
+
         validate(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -388,101 +372,6 @@ def explicit_preset_conflicts(cfg: GRPOConfig) -> dict[str, tuple[Any, Any]]:
         if have != want:
             out[key] = (want, have)
     return out
-
-
-def _check(ok: bool, msg: str) -> None:
-    if not ok:
-        raise ConfigError(msg)
-
-
-def validate(cfg: GRPOConfig) -> None:
-    """Range and consistency checks; each failure is one line naming the field and the fix."""
-    for key, options in CHOICES.items():
-        section, name = key.split(".", 1)
-        value = getattr(getattr(cfg, section), name)
-        _check(value in options, f"{key} must be one of {', '.join(options)}, got {value!r}"
-               f"{_suggest(str(value), options)}")
-    r, lo, o, run = cfg.rollout, cfg.loss, cfg.optim, cfg.run
-    _check(r.num_generations >= 2, f"rollout.num_generations must be >= 2 (GRPO compares completions "
-           f"within a group), got {r.num_generations}")
-    _check(r.prompts_per_step >= 1, f"rollout.prompts_per_step must be >= 1, got {r.prompts_per_step}")
-    _check(r.max_prompt_length > 0, f"rollout.max_prompt_length must be > 0, got {r.max_prompt_length}")
-    _check(r.max_completion_length > 0,
-           f"rollout.max_completion_length must be > 0, got {r.max_completion_length}")
-    _check(r.temperature > 0, f"rollout.temperature must be > 0, got {r.temperature}")
-    _check(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
-    _check(r.top_k >= 0, f"rollout.top_k must be >= 0 (0 keeps all tokens), got {r.top_k}")
-    _check(r.max_resample_rounds >= 0, f"rollout.max_resample_rounds must be >= 0, got {r.max_resample_rounds}")
-    _check(0 < r.vllm_gpu_memory_utilization <= 1,
-           f"rollout.vllm_gpu_memory_utilization must be in (0, 1], got {r.vllm_gpu_memory_utilization}")
-    _check(cfg.loss.tis_cap >= 1, f"loss.tis_cap must be >= 1 (weights above it are truncated), got {cfg.loss.tis_cap}")
-    for name, value in (("generation_batch_size", r.generation_batch_size),):
-        _check(value >= 0, f"rollout.{name} must be >= 0 (0 = whole batch), got {value}")
-        _check(value == 0 or value % r.num_generations == 0,
-               f"rollout.{name} ({value}) must be a multiple of num_generations ({r.num_generations})")
-    _check(0 < lo.epsilon < 1, f"loss.epsilon must be in (0, 1), got {lo.epsilon}")
-    _check(lo.epsilon_high is None or lo.epsilon_high > 0,
-           f"loss.epsilon_high must be > 0, got {lo.epsilon_high}")
-    _check(lo.epsilon_high is None or lo.epsilon_high >= lo.epsilon,
-           f"loss.epsilon_high ({lo.epsilon_high}) must be >= loss.epsilon ({lo.epsilon})")
-    _check(lo.delta is None or lo.delta > 1 + cfg.epsilon_high,
-           f"loss.delta must be > 1 + epsilon_high ({1 + cfg.epsilon_high}), got {lo.delta}")
-    _check(lo.beta >= 0, f"loss.beta must be >= 0 (0 disables the KL penalty), got {lo.beta}")
-    _check(lo.num_iterations >= 1, f"loss.num_iterations (mu) must be >= 1, got {lo.num_iterations}")
-    _check(lo.ref_model_sync_steps >= 0, f"loss.ref_model_sync_steps must be >= 0, got {lo.ref_model_sync_steps}")
-    _check(0 < lo.ref_model_mixup_alpha <= 1,
-           f"loss.ref_model_mixup_alpha must be in (0, 1], got {lo.ref_model_mixup_alpha}")
-    _check(not (lo.kl_in_reward and lo.beta == 0), "loss.kl_in_reward needs loss.beta > 0")
-    _check(o.learning_rate > 0, f"optim.learning_rate must be > 0, got {o.learning_rate}")
-    _check(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
-    _check(0 <= o.adam_beta1 < 1 and 0 <= o.adam_beta2 < 1, "optim.adam_beta1/adam_beta2 must be in [0, 1)")
-    _check(o.max_grad_norm >= 0, f"optim.max_grad_norm must be >= 0 (0 disables), got {o.max_grad_norm}")
-    _check(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
-    _check(o.micro_batch_size >= 0, f"optim.micro_batch_size must be >= 0, got {o.micro_batch_size}")
-    _check(o.micro_batch_size == 0 or cfg.batch_size % o.micro_batch_size == 0,
-           f"optim.micro_batch_size ({o.micro_batch_size}) must divide the generation batch "
-           f"prompts_per_step * num_generations = {cfg.batch_size}")
-    _check(run.max_steps >= 1, f"run.max_steps must be >= 1, got {run.max_steps}")
-    for name in ("logging_steps",):
-        _check(getattr(run, name) >= 1, f"run.{name} must be >= 1, got {getattr(run, name)}")
-    for name in ("eval_steps", "save_steps", "log_completions_steps", "save_total_limit"):
-        _check(getattr(run, name) >= 0, f"run.{name} must be >= 0, got {getattr(run, name)}")
-    _check(run.eval_limit >= -1, f"run.eval_limit must be >= -1 (-1 = all), got {run.eval_limit}")
-    _check(run.resume in (False, True, "auto"), f"run.resume must be true, false or auto, got {run.resume!r}")
-    _check(not (run.resume and run.overwrite), "run.resume and run.overwrite conflict: --resume continues the "
-           "run in output_dir, --overwrite deletes it; pass only one")
-    _check(run.max_bad_steps >= 1, f"run.max_bad_steps must be >= 1, got {run.max_bad_steps}")
-    _check(bool(cfg.reward.funcs), "reward.funcs is empty: name at least one reward, e.g. {rule: 1.0}")
-    for name, weight in cfg.reward.funcs.items():
-        _check(isinstance(weight, (int, float)) and not isinstance(weight, bool),
-               f"reward.funcs.{name} weight must be a number, got {weight!r}")
-    _check(cfg.reward.overlong_buffer >= 0, f"reward.overlong_buffer must be >= 0, got {cfg.reward.overlong_buffer}")
-    _check(cfg.reward.overlong_buffer < r.max_completion_length,
-           f"reward.overlong_buffer ({cfg.reward.overlong_buffer}) must be < rollout.max_completion_length "
-           f"({r.max_completion_length})")
-    _check(cfg.reward.step_correct_reward > cfg.reward.step_wrong_reward,
-           f"reward.step_correct_reward ({cfg.reward.step_correct_reward}) must be > reward.step_wrong_reward "
-           f"({cfg.reward.step_wrong_reward}): a right step must earn more than a wrong one")
-    _check(cfg.model.lora_r >= 0, f"model.lora_r must be >= 0 (0 = full fine-tuning), got {cfg.model.lora_r}")
-    _check(not (cfg.model.lora_r and lo.ref_model_sync_steps),
-           "loss.ref_model_sync_steps needs full fine-tuning: with model.lora_r > 0 the reference is the base "
-           "model itself; set loss.ref_model_sync_steps=0")
-    _check(0 <= lo.gamma <= 1 and 0 <= lo.lam <= 1, f"loss.gamma and loss.lam must be in [0, 1], got "
-           f"{lo.gamma} and {lo.lam}")
-    _check(lo.vf_coef > 0, f"loss.vf_coef must be > 0, got {lo.vf_coef}")
-    _check(lo.cliprange_value > 0, f"loss.cliprange_value must be > 0, got {lo.cliprange_value}")
-    _check(lo.algorithm != "ppo" or not cfg.model.lora_r,
-           "loss.algorithm=ppo is a full fine-tuning baseline: set model.lora_r=0 or loss.algorithm=grpo")
-    _check(lo.algorithm != "ppo" or not run.resume,
-           "loss.algorithm=ppo does not checkpoint its value model: drop run.resume or use loss.algorithm=grpo")
-    t = cfg.task
-    _check(t.name == "arithmetic" or t.path is not None or t.name in ("gsm8k", "math500"),
-           f"task.path is required for task.name={t.name}: give the jsonl file")
-    _check(t.digits >= 1 and t.terms >= 2, "task.digits must be >= 1 and task.terms >= 2")
-    _check(bool(t.operators) and set(t.operators) <= set("+-*"),
-           f"task.operators must be a non-empty subset of '+-*', got {t.operators!r}")
-    _check(t.few_shot >= 0, f"task.few_shot must be >= 0, got {t.few_shot}")
-    _check(t.num_train >= 1 and t.num_eval >= 0, "task.num_train must be >= 1 and task.num_eval >= 0")
 
 
 def config_reference() -> str:

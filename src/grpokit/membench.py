@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Iterable
@@ -185,13 +184,9 @@ def run_side(args) -> dict[str, Any]:
 def _spawn(args, side: str) -> dict[str, Any]:
     argv = [a for a in args.argv if a != "--memory"]
     cmd = [sys.executable, "-m", "grpokit.membench", *argv, "--side", side]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"bench --memory: the {side} side failed (exit {proc.returncode}); its stderr is above")
-    return json.loads(lines[-1])
+    from .bench import run_json_side
+
+    return run_json_side(cmd, f"bench --memory: the {side} side")
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:

@@ -32,7 +32,8 @@ from .logprobs import position_ids_from_mask
 from .loss import aggregate_loss, grpo_objective_from_logprobs, k3_kl
 from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
 from .rollout import Rollout
-from .trainer import TrainState, _clip_and_step, _rows_logprobs, collect_batch, forward_logprobs, make_optimizer
+from .trainer import TrainState, collect_batch, make_optimizer
+from .update import clip_and_step, forward_logprobs, rows_logprobs
 
 
 class ValueModel(torch.nn.Module):
@@ -186,7 +187,7 @@ def ppo_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, re
         sums: dict[str, torch.Tensor] = {}
         for s in range(0, N, mb):
             rows = slice(s, s + mb)
-            new_lp, T = _rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature)
+            new_lp, T = rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature)
             m = loss_mask[rows, :T]
             pol_loss, mets = grpo_objective_from_logprobs(
                 new_lp, None if old_lp is None else old_lp[rows, :T], None if ref_lp is None else ref_lp[rows, :T],
@@ -199,7 +200,7 @@ def ppo_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, re
             for k, v in {**mets, **vmets}.items():
                 sums[k] = sums.get(k, 0.0) + (v * m.sum() if k in token_metrics else v * bnpo_scale)
         with timer("optimizer"):
-            grad_norm = _clip_and_step(state)
+            grad_norm = clip_and_step(state)
             value_grad_norm = state.critic.step(cfg.optim.max_grad_norm)
         suffix = "" if it == 0 else f"/iter{it}"
         for k, v in sums.items():

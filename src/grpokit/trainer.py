@@ -27,13 +27,13 @@ import torch
 from .advantages import group_advantages, process_advantages
 from .config import GRPOConfig
 from .data import PromptStream
-from .logprobs import micro_batches, per_token_logprobs
 from .distributed import Distributed, Silent
-from .loss import grpo_objective_from_logprobs, k3_kl, truncated_is_weights
+from .loss import k3_kl
 from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
 from .lora import is_peft_model, reference_for, save_lora
 from .models import load_model_and_tokenizer, sync_reference
 from .rollout import Rollout, concat_rollouts, sample_groups
+from .update import forward_logprobs, policy_update, skip_update
 
 log = logging.getLogger("grpokit")
 
@@ -238,115 +238,6 @@ def compute_advantages(cfg: GRPOConfig, rollout: Rollout, rewards: torch.Tensor,
     return adv.to(rollout.completion_ids.device)
 
 
-def _rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperature: float, fn=per_token_logprobs, **kw):
-    """Log-probs for some rows (a slice or an index tensor), trimmed to their longest prompt and completion."""
-    mask = rollout.completion_mask[rows]
-    T = int(mask.sum(-1).max()) if mask.numel() else 0
-    T = max(T, 1)
-    p_mask = rollout.prompt_mask[rows]
-    P0 = int((p_mask.sum(0) > 0).nonzero()[0]) if p_mask.any() else 0   # drop all-pad prompt columns
-    ids = torch.cat([rollout.prompt_ids[rows, P0:], rollout.completion_ids[rows, :T]], dim=1)
-    att = torch.cat([p_mask[:, P0:], mask[:, :T]], dim=1)
-    return fn(model, ids, att, T, temperature=temperature, **kw), T  # fn: through DDP/FSDP when distributed
-
-
-def forward_logprobs(model, rollout: Rollout, cfg: GRPOConfig, fn=per_token_logprobs) -> torch.Tensor:
-    """[N, T] log-probs with no autograd state (reference model, or the old policy when mu > 1)."""
-    N, T = rollout.completion_ids.shape
-    mb = cfg.optim.micro_batch_size or N
-    out = torch.zeros(N, T, device=rollout.completion_ids.device)
-    n_params = sum(p.numel() for p in model.parameters())
-    with torch.inference_mode():   # rows of similar length together: little padding (logprobs.micro_batches)
-        for rows in micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params):
-            rows = rows.to(out.device)
-            lp, t = _rows_logprobs(model, rollout, rows, cfg.rollout.temperature, fn=fn)
-            out[rows, :t] = lp
-    return out.clone()  # leave inference mode: usable in autograd as a constant
-
-
-def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, old_lp, ref_lp,
-                  loss_mask: torch.Tensor, timer: PhaseTimer) -> dict[str, float]:
-    """[E-F] mu optimizer updates over the generation batch, micro-batched with gradient accumulation."""
-    cfg, lo, dist = state.cfg, state.cfg.loss, state.dist
-    N = rollout.completion_ids.shape[0]                                   # this rank's completions
-    mb = cfg.optim.micro_batch_size or N
-    # Rows of similar length share a micro-batch (less padding); bnpo normalizes per micro-batch, so it
-    # keeps the plain consecutive slices and its math does not depend on the lengths.
-    groups = micro_batches(rollout.prompt_mask, rollout.completion_mask, mb,
-                           sum(p.numel() for p in state.model.parameters()), by_length=lo.loss_type != "bnpo")
-    n_micro = len(groups)
-    # Normalizers over the whole generation batch, all ranks (grpokit.distributed); one process: N, tokens
-    total = dist.reduce_sums({"seqs": N, "tokens": loss_mask.sum(), "micro": n_micro})
-    num_seqs, num_tokens = total["seqs"], total["tokens"]
-    beta = 0.0 if lo.kl_in_reward else lo.beta
-    bnpo_scale = 1.0 / total["micro"] if lo.loss_type == "bnpo" else 1.0  # bnpo normalizes per micro-batch
-    use_tis = cfg.rollout.backend == "vllm" and lo.tis_level != "none" and rollout.sampling_logprobs is not None
-    token_metrics = ("approx_kl", "mean_ratio", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy",
-                     "tis/mean_weight", "tis/clipped_frac")
-    logprobs_fn = dist.logprobs_fn(state.model)
-    out: dict[str, float] = {}
-    for it in range(lo.num_iterations):
-        sums: dict[str, torch.Tensor] = {}
-        loss_finite = torch.tensor(True)
-        for g, rows in enumerate(groups):
-            rows = rows.to(loss_mask.device)
-            dist.sync_grads(state.model, g == n_micro - 1)   # reduce over ranks on the last micro-batch only
-            (new_lp, entropy), T = _rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature,
-                                                  fn=logprobs_fn, return_entropy=True)
-            m = loss_mask[rows, :T]
-            a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
-            tis, tis_mets = None, {}
-            if use_tis:  # another engine sampled: weight by min(pi_old / pi_sampler, cap) (loss.truncated_is_weights)
-                base = new_lp.detach() if old_lp is None else old_lp[rows, :T]
-                tis, tis_mets = truncated_is_weights(base, rollout.sampling_logprobs[rows, :T].to(base.device), m,
-                                                     lo.tis_level, lo.tis_cap)
-            loss, mets = grpo_objective_from_logprobs(
-                new_lp, None if old_lp is None else old_lp[rows, :T], None if ref_lp is None else ref_lp[rows, :T],
-                m, a, lo.epsilon, beta, clip_eps_high=cfg.epsilon_high, delta=lo.delta, loss_type=lo.loss_type,
-                importance_sampling_level=lo.importance_sampling_level, num_sequences=num_seqs, num_tokens=num_tokens,
-                max_completion_length=cfg.rollout.max_completion_length, tis_weights=tis)
-            mets.update(tis_mets)
-            loss_finite = loss_finite & torch.isfinite(loss.detach()).cpu()  # one sync per update, below
-            (loss * bnpo_scale * dist.grad_scale).backward()    # DDP averages over ranks: x W gives the sum
-            # Micro-batch losses are normalized by whole-batch counts, so they add up to the batch loss;
-            # token-level metrics are averaged with token weights.
-            mets["entropy"] = (entropy * m).sum() / m.sum().clamp(min=1.0)
-            for k, v in mets.items():
-                add = v * m.sum() if k in token_metrics else v * bnpo_scale
-                sums[k] = sums.get(k, 0.0) + add
-        with timer("optimizer"):
-            grad_norm = _clip_and_step(state) if dist.all_true(bool(loss_finite)) else _skip_update(state)
-        sums = dist.reduce_sums(sums)                    # one all-reduce: figures over the whole batch
-        suffix = "" if it == 0 else f"/iter{it}"
-        for k, v in sums.items():
-            out[k + suffix] = float(v / max(num_tokens, 1.0)) if k in token_metrics else float(v)
-        out["grad_norm" + suffix] = grad_norm
-    return out
-
-
-def _skip_update(state: TrainState) -> float:
-    """Drop this update (weights, optimizer moments and LR schedule untouched); count it. Returns NaN."""
-    state.optimizer.zero_grad(set_to_none=True)
-    state.bad_steps += 1
-    state.skipped_updates += 1
-    return float("nan")
-
-
-def _clip_and_step(state: TrainState) -> float:
-    """Clip, then step, unless the gradient is non-finite (then the update is skipped and counted)."""
-    params = [p for p in state.model.parameters() if p.requires_grad]
-    max_norm = state.cfg.optim.max_grad_norm or float("inf")
-    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    if not torch.isfinite(torch.tensor(norm)):
-        _skip_update(state)
-        return norm
-    state.optimizer.step()
-    state.scheduler.step()
-    state.optimizer.zero_grad(set_to_none=True)
-    state.bad_steps = 0
-    return norm
-
-
 def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None) -> dict[str, float]:
     """[G] One GRPO step on fresh generations; returns this step's metrics.
 
@@ -384,7 +275,7 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
         if state.dist.all_true(bool(torch.isfinite(advantages).all())):  # every rank updates, or none
             upd = policy_update(state, rollout, advantages, old_lp, ref_lp, loss_mask, timer)
         else:  # checked before the update: NaN advantages would poison every weight
-            upd = {"grad_norm": _skip_update(state)}
+            upd = {"grad_norm": skip_update(state)}
     if state.skipped_updates > skipped_before:
         _log_bad_batch(state, rollout, "loss or gradient" if "loss" in upd else "advantages")
     if lo.ref_model_sync_steps and state.ref_model is not None and (state.step + 1) % lo.ref_model_sync_steps == 0:
