@@ -24,20 +24,24 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor,
-                    bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
-    """hidden [R, H], targets [R] -> log-probs [R]; logits exist only for these R rows."""
+                    bias: torch.Tensor | None, temperature: float,
+                    with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """hidden [R, H], targets [R] -> log-probs [R] (and entropy [R]); logits exist only for these R rows.
+
+    The entropy reuses the same logits and logsumexp (H = lse - sum_v p_v z_v), so asking for it costs
+    elementwise work, not a second lm-head matmul; it carries no gradient.
+    """
     logits = torch.nn.functional.linear(hidden, weight, bias).float()    # [R, V]
     if temperature != 1.0:
         logits = logits / temperature
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)        # [R]
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
-def _chunk_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   temperature: float) -> torch.Tensor:
-    logits = torch.nn.functional.linear(hidden, weight, bias).float() / temperature  # [R, V]
-    logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)                                 # [R]
+    lse = torch.logsumexp(logits, dim=-1)                                 # [R]
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return logprobs
+    with torch.no_grad():
+        z, l = logits.detach(), lse.detach()
+        entropy = l - (torch.exp(z - l[:, None]) * z).sum(-1)            # [R]
+    return logprobs, entropy
 
 
 def _uses_plain_head(model) -> bool:
@@ -83,19 +87,17 @@ def per_token_logprobs(
     for start in range(0, B * T, chunk_rows):
         h, t = flat_h[start:start + chunk_rows], flat_t[start:start + chunk_rows]
         if weight is None:  # generic path: h already holds logits
-            lp = torch.log_softmax(h.float() / temperature, -1).gather(-1, t[:, None]).squeeze(-1)
+            logp = torch.log_softmax(h.float() / temperature, -1)
+            out = logp.gather(-1, t[:, None]).squeeze(-1)
+            if return_entropy:
+                out = (out, -(logp.exp() * logp).sum(-1).detach())
         elif torch.is_grad_enabled():
-            lp = checkpoint(_chunk_logprobs, h, t, weight, bias, temperature, use_reentrant=False)
+            out = checkpoint(_chunk_logprobs, h, t, weight, bias, temperature, return_entropy, use_reentrant=False)
         else:
-            lp = _chunk_logprobs(h, t, weight, bias, temperature)
+            out = _chunk_logprobs(h, t, weight, bias, temperature, return_entropy)
+        lp, ent = out if return_entropy else (out, None)
         pieces.append(lp)
-        if return_entropy:
-            with torch.no_grad():
-                if weight is None:
-                    logp = torch.log_softmax(h.float() / temperature, -1)
-                    entropies.append(-(logp.exp() * logp).sum(-1))
-                else:
-                    entropies.append(_chunk_entropy(h.detach(), weight.detach(), bias, temperature))
+        entropies.append(ent)
     logprobs = torch.cat(pieces).view(B, T)
     if return_entropy:
         return logprobs, torch.cat(entropies).view(B, T)
