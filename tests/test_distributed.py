@@ -138,7 +138,7 @@ def test_two_rank_run_checkpoints_and_resumes(tmp_path, task):
     if task == "resume_fsdp":                          # sharded checkpoint -> a save_pretrained folder
         from transformers import AutoModelForCausalLM
 
-        from grpokit.distributed import consolidate_checkpoint
+        from grpokit.fsdp_checkpoint import consolidate_checkpoint
 
         out = consolidate_checkpoint(ckpt, tmp_path / "merged")
         model = AutoModelForCausalLM.from_pretrained(out)
