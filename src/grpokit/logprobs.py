@@ -11,9 +11,13 @@ state is the [B, T, H] hidden states, not [B, T, V] logits.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
+# Architectures whose decoder takes a transformers DynamicCache with the usual (ids, mask, positions).
+CACHE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "olmo", "olmo2", "granite", "smollm3")
 # Configs whose lm-head output is not plain `hidden @ W.T (+ b)`; they take the generic path.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
@@ -59,6 +63,7 @@ def per_token_logprobs(
     temperature: float = 1.0,
     chunk_rows: int = 1024,
     return_entropy: bool = False,
+    share_prompts: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of the last `completion_length` tokens of each row. Returns [B, T] (float32).
 
@@ -67,19 +72,25 @@ def per_token_logprobs(
             path, others compute the completion logits then the same gather - logsumexp.
         chunk_rows: B*T rows per lm-head chunk; peak logits memory is chunk_rows x V.
         return_entropy: also return the policy's token entropy [B, T] (no grad), for metrics.
+        share_prompts: rows with the same prompt (a GRPO group) run the prompt through the decoder once
+            (`shared_prompt_hidden`); the result equals the plain pass to float rounding.
     """
     T = completion_length
     targets = input_ids[:, -T:]                                           # [B, T]
-    positions = position_ids_from_mask(attention_mask)
-    if _uses_plain_head(model):
-        out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
+    if share_prompts and can_share_prompts(model, input_ids, attention_mask, T):
+        hidden = shared_prompt_hidden(model, input_ids, attention_mask, T)  # [B, T, H]
+        head = model.get_output_embeddings()
+        weight, bias = head.weight, head.bias
+    elif _uses_plain_head(model):
+        out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                  position_ids=position_ids_from_mask(attention_mask))
         hidden = out.last_hidden_state[:, -T - 1:-1]                      # [B, T, H] predicts tokens -T..-1
         head = model.get_output_embeddings()
         weight, bias = head.weight, head.bias
     else:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                       logits_to_keep=T + 1).logits[:, :-1]               # [B, T, V]
-        hidden, weight, bias = logits, None, None
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids_from_mask(attention_mask), logits_to_keep=T + 1).logits[:, :-1]
+        hidden, weight, bias = logits, None, None                         # [B, T, V]
     B, _, H = hidden.shape
     flat_h = hidden.reshape(B * T, H)                                     # [B*T, H]
     flat_t = targets.reshape(B * T)
@@ -102,6 +113,63 @@ def per_token_logprobs(
     if return_entropy:
         return logprobs, torch.cat(entropies).view(B, T)
     return logprobs
+
+
+def can_share_prompts(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int) -> bool:
+    """Whether `shared_prompt_hidden` applies: a known cache-capable decoder with a plain lm-head, no
+    gradient checkpointing (transformers turns the cache off under it), and some prompt used twice."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", "") not in CACHE_MODEL_TYPES or not _uses_plain_head(model):
+        return False
+    if input_ids.shape[0] < 2 or input_ids.shape[1] <= T or _checkpointing(model):
+        return False
+    prompts = torch.cat([input_ids[:, :-T], attention_mask[:, :-T].to(input_ids.dtype)], 1)
+    return torch.unique(prompts, dim=0).shape[0] < prompts.shape[0]
+
+
+def cache_kwarg(module) -> str:
+    """The forward's name for the KV cache: `cache` (transformers 5) or `past_key_values` (4.x)."""
+    fwd = type(module).forward if isinstance(module, torch.nn.Module) else module
+    try:
+        return "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
+    except (TypeError, ValueError):
+        return "cache"
+
+
+def _checkpointing(model) -> bool:
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):   # transformers 5 / 4 names
+        if name in dir(type(model)):
+            return bool(getattr(model, name))
+    return False
+
+
+def shared_prompt_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int) -> torch.Tensor:
+    """Final hidden states [B, T, H] that predict the last T tokens, each distinct prompt run once.
+
+    GRPO scores G completions of one prompt, so a plain pass runs the prompt's P tokens G times. Here
+    the U distinct prompts go through the decoder once ([U, P]); their keys/values are gathered to the
+    B rows (an index select, so the backward sums the G rows' gradients into the one prompt pass); the
+    completions then run on that cache. Token t's prediction comes from position P + t - 1: the
+    prompt's last hidden state for t = 0, the completion pass for t >= 1. Cost: U*P + B*T token
+    forwards instead of B*(P + T).
+    """
+    from transformers import DynamicCache
+
+    P = input_ids.shape[1] - T
+    prompts = torch.cat([input_ids[:, :P], attention_mask[:, :P].to(input_ids.dtype)], 1)
+    uniq, inv = torch.unique(prompts, dim=0, return_inverse=True)        # [U, 2P], [B]
+    p_ids, p_mask = uniq[:, :P], uniq[:, P:].to(attention_mask.dtype)
+    dec = model.get_decoder()
+    cache_arg = cache_kwarg(dec)
+    first = dec(input_ids=p_ids, attention_mask=p_mask, position_ids=position_ids_from_mask(p_mask),
+                use_cache=True, **{cache_arg: DynamicCache(config=model.config)})
+    cache = first.past_key_values if getattr(first, "cache", None) is None else first.cache
+    if T == 1:
+        return first.last_hidden_state[inv, -1:]
+    cache.batch_select_indices(inv)                                       # [U, ...] -> [B, ...]
+    rest = dec(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
+               position_ids=position_ids_from_mask(attention_mask)[:, P:-1], use_cache=True, **{cache_arg: cache})
+    return torch.cat([first.last_hidden_state[inv, -1:], rest.last_hidden_state], 1)   # [B, T, H]
 
 
 def length_buckets(lengths: torch.Tensor, max_rows: int, overhead_tokens: float) -> list[torch.Tensor]:

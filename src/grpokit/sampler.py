@@ -29,12 +29,12 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from .logprobs import position_ids_from_mask
+from .logprobs import CACHE_MODEL_TYPES, cache_kwarg, position_ids_from_mask
 
 log = logging.getLogger("grpokit")
 
 # Architectures whose forward takes (input_ids, attention_mask, position_ids, cache) and a DynamicCache.
-FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "olmo", "olmo2", "granite", "smollm3")
+FAST_MODEL_TYPES = CACHE_MODEL_TYPES
 # Architectures the lean decoder implements (pre-norm, rotary, gated MLP, optional q/k norm).
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 _warned: set[str] = set()
@@ -133,6 +133,8 @@ def lean_supported(model, max_positions: int) -> bool:
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm with transformers' op order (float32 statistics), so results match bit for bit."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)                # one fused kernel, same float32 math
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -141,6 +143,34 @@ def _cat_bias(*mods) -> torch.Tensor | None:
     if all(m.bias is None for m in mods):
         return None
     return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
+
+
+# Weights at least this large (in x out) run through oneDNN with the weight packed once per sampling
+# call: at 8-64 rows per step, MKL's sgemm re-packs the weight on every call and reaches about half the
+# rate of the packed kernel (docs/performance.md). Smaller matrices are faster through plain F.linear.
+PACK_MIN_ELEMENTS = 512 * 512
+
+
+class DecodeLinear:
+    """y = x W^T + b for the decode loop: plain F.linear, or oneDNN on a weight packed for `rows` rows.
+
+    The choice depends only on the weight's shape, dtype and device (never on timings), so a run
+    repeats bit for bit; both paths agree to fp32 rounding (summation order).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> None:
+        self.weight, self.bias, self.packed = weight, bias, None
+        if (weight.numel() >= PACK_MIN_ELEMENTS and weight.device.type == "cpu" and weight.dtype == torch.float32
+                and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+            except (RuntimeError, AttributeError):                       # an older build without the op
+                self.packed = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 class LeanDecoder:
@@ -155,14 +185,16 @@ class LeanDecoder:
         self.eps = dec.norm.variance_epsilon
         self.embed, self.final_norm = dec.embed_tokens.weight, dec.norm.weight
         head = model.get_output_embeddings()
-        self.head_w, self.head_b = head.weight, head.bias
+        self.head = DecodeLinear(head.weight, head.bias, rows)
         self.layers = []
         for layer in dec.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append(dict(
-                qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), qkv_b=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
-                o=a.o_proj.weight, o_b=a.o_proj.bias, gu=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                gu_b=_cat_bias(m.gate_proj, m.up_proj), down=m.down_proj.weight, down_b=m.down_proj.bias, act=m.act_fn,
+                qkv=DecodeLinear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                                 _cat_bias(a.q_proj, a.k_proj, a.v_proj), rows),
+                o=DecodeLinear(a.o_proj.weight, a.o_proj.bias, rows),
+                gu=DecodeLinear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat_bias(m.gate_proj, m.up_proj), rows),
+                down=DecodeLinear(m.down_proj.weight, m.down_proj.bias, rows), act=m.act_fn,
                 ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight, scale=a.scaling,
                 q_norm=getattr(getattr(a, "q_norm", None), "weight", None),
                 k_norm=getattr(getattr(a, "k_norm", None), "weight", None)))
@@ -182,7 +214,7 @@ class LeanDecoder:
         nh, nkv, hd = self.nh, self.nkv, self.hd
         for i, w in enumerate(self.layers):
             x = _rms(h, w["ln1"], self.eps)
-            qkv = F.linear(x, w["qkv"], w["qkv_b"]).view(n, L, nh + 2 * nkv, hd).transpose(1, 2)  # [n, heads, L, hd]
+            qkv = w["qkv"](x).view(n, L, nh + 2 * nkv, hd).transpose(1, 2)  # [n, heads, L, hd]
             qk, v = qkv[:, :nh + nkv], qkv[:, nh + nkv:]
             if w["q_norm"] is not None:
                 qk = torch.cat([_rms(qk[:, :nh], w["q_norm"], self.eps), _rms(qk[:, nh:], w["k_norm"], self.eps)], 1)
@@ -197,9 +229,9 @@ class LeanDecoder:
                 cache[1, :, :, slots] = v.repeat_interleave(rows // n, 0)
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=w["scale"],
                                                  enable_gqa=nkv != nh)   # [n, nh, L, hd]
-            h = h + F.linear(att.transpose(1, 2).reshape(n, L, nh * hd), w["o"], w["o_b"])
-            gate, up = F.linear(_rms(h, w["ln2"], self.eps), w["gu"], w["gu_b"]).chunk(2, -1)
-            h = h + F.linear(w["act"](gate) * up, w["down"], w["down_b"])
+            h = h + w["o"](att.transpose(1, 2).reshape(n, L, nh * hd))
+            gate, up = w["gu"](_rms(h, w["ln2"], self.eps)).chunk(2, -1)
+            h = h + w["down"](w["act"](gate) * up)
         return _rms(h[:, -1], self.final_norm, self.eps)                   # [n, H], last position only
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -210,14 +242,14 @@ class LeanDecoder:
         keep |= torch.eye(P, dtype=torch.bool, device=ids.device)        # pad queries see themselves: no NaN
         h = self._layers(F.embedding(ids, self.embed), self.cos[pos][:, None], self.sin[pos][:, None],
                          slice(0, P), keep[:, None], B * group_size)
-        return F.linear(h, self.head_w, self.head_b)
+        return self.head(h)
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
         """One token per row: tok, pos [n]; key_mask [n, 1, 1, slot + 1]. Returns logits [n, V]."""
         n = tok.shape[0]
         h = self._layers(F.embedding(tok[:, None], self.embed), self.cos[pos][:, None, None],
                          self.sin[pos][:, None, None], slice(slot, slot + 1), key_mask, n)
-        return F.linear(h, self.head_w, self.head_b)
+        return self.head(h)
 
     def keep_rows(self, keep: torch.Tensor, upto: int) -> None:
         """Drop finished rows: copy the kept rows' first `upto` cache slots into a smaller cache."""
@@ -324,9 +356,9 @@ class _CachedEngine:
     def __init__(self, model, prompt_ids, prompt_mask, group_size: int) -> None:
         from transformers import DynamicCache
 
-        self.model = model
+        self.model, self.cache_arg = model, cache_kwarg(model)
         out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
-                    cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+                    use_cache=True, logits_to_keep=1, **{self.cache_arg: DynamicCache(config=model.config)})
         self.cache = self._cache(out)
         self.cache.batch_repeat_interleave(group_size)                    # share the prefix: [B*G, ...]
         self.logits0 = out.logits[:, -1].repeat_interleave(group_size, 0)
@@ -343,7 +375,7 @@ class _CachedEngine:
     def step(self, tok: torch.Tensor, t: int) -> torch.Tensor:
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
         out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=(self.pos + t)[:, None],
-                         cache=self.cache, use_cache=True)
+                         use_cache=True, **{self.cache_arg: self.cache})
         self.cache = self._cache(out)
         return out.logits[:, -1]
 
