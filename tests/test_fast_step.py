@@ -6,7 +6,8 @@ import torch
 from grpokit import trainer
 from grpokit.bench import bench_prompts, build_model
 from grpokit.config import build_config
-from grpokit.logprobs import length_buckets, micro_batches, position_ids_from_mask
+from grpokit.logprobs import (can_share_prompts, length_buckets, micro_batches, per_token_logprobs,
+                               position_ids_from_mask)
 from grpokit.loss import grpo_objective_from_logprobs
 from grpokit.models import frozen_reference
 from grpokit.rollout import sample_groups
@@ -108,3 +109,47 @@ def test_policy_update_loss_and_gradients_equal_plain_path(varied_batch, monkeyp
     assert abs(out["loss"] - float(loss.detach())) < 1e-5
     for a, b in zip(got["grads"], want):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def _count_decoder_tokens(model):
+    """A hook on the embedding: how many token positions went through the decoder."""
+    seen = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].numel()))
+    return seen, handle
+
+
+@pytest.mark.parametrize("T_cut", [None, 1])
+def test_shared_prompt_pass_equals_plain_pass_and_runs_each_prompt_once(T_cut):
+    model, tok = build_model("tiny", mean_length=6)
+    torch.manual_seed(1)
+    # prompts of different lengths (left padding inside the batch), G = 4 rows each, spread-out lengths
+    r = sample_groups(model, tok, ["1+2=", "a much longer prompt 33+44=", "7*8?"], 4, 12, backend="fast")
+    T = T_cut or r.completion_ids.shape[1]
+    ids, att = r.input_ids[:, :r.prompt_ids.shape[1] + T], r.attention_mask[:, :r.prompt_ids.shape[1] + T]
+    B, P = r.prompt_ids.shape
+    assert can_share_prompts(model, ids, att, T)
+    out = {}
+    for share in (False, True):
+        model.zero_grad()
+        seen, handle = _count_decoder_tokens(model)
+        lp, ent = per_token_logprobs(model, ids, att, T, return_entropy=True, share_prompts=share)
+        handle.remove()
+        m = att[:, -T:].float()
+        (lp * m).sum().backward()
+        out[share] = (lp.detach() * m, ent * m, [p.grad.clone() for p in model.parameters()], sum(seen))
+    (lp0, e0, g0, n0), (lp1, e1, g1, n1) = out[False], out[True]
+    assert n0 == B * (P + T)
+    assert n1 == 3 * P + B * (T - 1)                 # 3 distinct prompts once, then the completions
+    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
+    for a, b in zip(g0, g1):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prompt_pass_is_skipped_when_it_cannot_help_or_apply():
+    model, tok = build_model("tiny")
+    r = sample_groups(model, tok, ["1+2=", "3+4="], 1, 6, backend="fast", suppress_eos=True)
+    assert not can_share_prompts(model, r.input_ids, r.attention_mask, 6)      # every prompt distinct
+    r = sample_groups(model, tok, ["1+2="], 4, 6, backend="fast", suppress_eos=True)
+    assert can_share_prompts(model, r.input_ids, r.attention_mask, 6)
+    model.gradient_checkpointing_enable()                                       # transformers drops the cache
+    assert not can_share_prompts(model, r.input_ids, r.attention_mask, 6)

@@ -138,3 +138,20 @@ def test_lean_path_is_skipped_for_hooked_or_unknown_models(char_tokenizer, caplo
         r = sample_groups(gpt2, char_tokenizer, PROMPTS[:2], 2, 5)
     assert "using model.generate" in caplog.text
     assert r.sampling_logprobs is None and r.completion_ids.shape[0] == 4
+
+
+def test_decode_linear_packs_only_large_weights_and_agrees_with_f_linear():
+    torch.manual_seed(0)
+    big = torch.nn.Linear(512, 1024)
+    small = torch.nn.Linear(128, 256, bias=False)
+    lin_big = sampler.DecodeLinear(big.weight, big.bias, rows=32)
+    lin_small = sampler.DecodeLinear(small.weight, None, rows=32)
+    assert lin_small.packed is None
+    if torch.backends.mkldnn.is_available():
+        assert lin_big.packed is not None
+    with torch.no_grad():
+        for rows in (1, 7, 32, 100):                     # rows dropped or prefill: any row count works
+            x = torch.randn(rows, 1, 512)
+            assert torch.allclose(lin_big(x), big(x), atol=1e-5, rtol=1e-5)
+            y = torch.randn(rows, 128)
+            assert torch.equal(lin_small(y), small(y))
