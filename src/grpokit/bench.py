@@ -230,14 +230,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare-trl", action="store_true", help="also run TRL's GRPOTrainer, print the ratio")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --compare-trl: alternate the sides this many times (ABBA order), median ratio")
     p.add_argument("--side", choices=("grpokit",), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps <= args.warmup:
         p.error("--steps must exceed --warmup: raise --steps")
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.fixed_length and args.spread_lengths:
         p.error("--fixed-length and --spread-lengths exclude each other: pick one")
     args.mean_length = args.completion_length / 4 if args.spread_lengths else 0.0
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = _without_option(list(sys.argv[1:] if argv is None else argv), "--rounds")
     return args
 
 
@@ -253,25 +257,52 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(args.seed)
         print(json.dumps(run_grpokit(args)))
         return 0
-    results = {"grpokit": _side(args, "grpokit")}
-    print(json.dumps(results["grpokit"]))
-    if args.compare_trl:
-        try:
-            import trl  # noqa: F401
-        except ImportError:
-            print("bench: --compare-trl needs TRL: pip install 'grpokit[bench]'", file=sys.stderr)
-            return 2
-        if not TRL_SCRIPT.is_file():
-            print(f"bench: --compare-trl needs {TRL_SCRIPT} (run from a grpokit source checkout)", file=sys.stderr)
-            return 2
-        results["trl"] = _side(args, "trl")
-        print(json.dumps(results["trl"]))
-        g, t = results["grpokit"], results["trl"]
-        print(json.dumps({"ratio_trl_over_grpokit_s_per_step": t["s_per_step"] / g["s_per_step"],
-                          "grpokit_s_per_step": g["s_per_step"], "trl_s_per_step": t["s_per_step"],
-                          "rss_grpokit_mib": g["peak_rss_mib"], "rss_trl_mib": t["peak_rss_mib"],
-                          "tokens_grpokit": g["completion_tokens"], "tokens_trl": t["completion_tokens"]}))
+    if not args.compare_trl:
+        print(json.dumps(_side(args, "grpokit")))
+        return 0
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("bench: --compare-trl needs TRL: pip install 'grpokit[bench]'", file=sys.stderr)
+        return 2
+    if not TRL_SCRIPT.is_file():
+        print(f"bench: --compare-trl needs {TRL_SCRIPT} (run from a grpokit source checkout)", file=sys.stderr)
+        return 2
+    runs: dict[str, list[dict]] = {"grpokit": [], "trl": []}
+    for k in range(args.rounds):   # ABBA: a machine whose speed drifts favours neither side
+        for side in ("grpokit", "trl") if k % 2 == 0 else ("trl", "grpokit"):
+            runs[side].append(_side(args, side))
+            print(json.dumps(dict(runs[side][-1], round=k + 1)), flush=True)
+    print(json.dumps(compare(runs["grpokit"], runs["trl"])))
     return 0
+
+
+def compare(ours: list[dict], trl: list[dict]) -> dict:
+    """The comparison line: ratio of TRL's s/step to grpokit's per round and its median; medians of s/step
+    and the largest peak RSS over the rounds of each side; both sides' token counts."""
+    ratios = [t["s_per_step"] / g["s_per_step"] for g, t in zip(ours, trl)]
+    out = {"ratio_trl_over_grpokit_s_per_step": statistics.median(ratios),
+           "grpokit_s_per_step": statistics.median(g["s_per_step"] for g in ours),
+           "trl_s_per_step": statistics.median(t["s_per_step"] for t in trl),
+           "rss_grpokit_mib": max(g["peak_rss_mib"] for g in ours),
+           "rss_trl_mib": max(t["peak_rss_mib"] for t in trl),
+           "tokens_grpokit": ours[0]["completion_tokens"], "tokens_trl": trl[0]["completion_tokens"]}
+    if len(ratios) > 1:
+        out["ratios_per_round"] = [round(r, 3) for r in ratios]
+    return out
+
+
+def _without_option(argv: list[str], name: str) -> list[str]:
+    """argv minus `name VALUE` / `name=VALUE` (the sides run one round each)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == name:
+            skip = True
+        elif not a.startswith(name + "="):
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":
