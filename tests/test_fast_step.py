@@ -1,5 +1,7 @@
 """The lean training step (length-bucketed micro-batches, chunked log-probs) against the plain computation."""
 
+import os
+
 import pytest
 import torch
 
@@ -137,6 +139,7 @@ def test_shared_prompt_pass_equals_plain_pass_and_runs_each_prompt_once(T_cut):
         m = att[:, -T:].float()
         (lp * m).sum().backward()
         out[share] = (lp.detach() * m, ent * m, [p.grad.clone() for p in model.parameters()], sum(seen))
+    assert "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ      # the CPU switch is restored after the call
     (lp0, e0, g0, n0), (lp1, e1, g1, n1) = out[False], out[True]
     assert n0 == B * (P + T)
     assert n1 == 3 * P + B * (T - 1)                 # 3 distinct prompts once, then the completions

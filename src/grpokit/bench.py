@@ -16,6 +16,7 @@ matmul peak measured in the same process (a 1024^3 matmul loop with the same thr
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -260,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.compare_trl:
         print(json.dumps(_side(args, "grpokit")))
         return 0
-    try:
-        import trl  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("trl") is None:
         print("bench: --compare-trl needs TRL: pip install 'grpokit[bench]'", file=sys.stderr)
         return 2
     if not TRL_SCRIPT.is_file():

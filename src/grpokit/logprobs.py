@@ -6,12 +6,16 @@ where z_t are the logits that predict completion token o_t and tau is the sampli
 (the ratio must compare the distribution the tokens were sampled from). The decoder runs once; the
 lm-head, logsumexp and gather run over chunks of rows so only [chunk, V] logits exist at a time.
 With gradients on, each chunk is recomputed in backward (activation checkpointing) so the saved
-state is the [B, T, H] hidden states, not [B, T, V] logits.
+state is the [B, T, H] hidden states, not [B, T, V] logits. Rows that share a prompt (a GRPO group)
+run that prompt through the decoder once (`shared_prompt_hidden`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
+from collections.abc import Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -153,16 +157,23 @@ def shared_prompt_hidden(model, input_ids: torch.Tensor, attention_mask: torch.T
     prompt's last hidden state for t = 0, the completion pass for t >= 1. Cost: U*P + B*T token
     forwards instead of B*(P + T).
     """
-    from transformers import DynamicCache
-
     P = input_ids.shape[1] - T
     prompts = torch.cat([input_ids[:, :P], attention_mask[:, :P].to(input_ids.dtype)], 1)
     uniq, inv = torch.unique(prompts, dim=0, return_inverse=True)        # [U, 2P], [B]
     p_ids, p_mask = uniq[:, :P], uniq[:, P:].to(attention_mask.dtype)
     dec = model.get_decoder()
     cache_arg = cache_kwarg(dec)
+    with _grouped_kv_with_masks(input_ids.device):
+        return _two_pass_hidden(dec, cache_arg, model.config, input_ids, attention_mask, p_ids, p_mask, inv, T)
+
+
+def _two_pass_hidden(dec, cache_arg: str, config, input_ids, attention_mask, p_ids, p_mask, inv, T: int):
+    """The prompt pass over [U, P], then the completion pass over [B, T - 1] on the gathered cache."""
+    from transformers import DynamicCache
+
+    P = p_ids.shape[1]
     first = dec(input_ids=p_ids, attention_mask=p_mask, position_ids=position_ids_from_mask(p_mask),
-                use_cache=True, **{cache_arg: DynamicCache(config=model.config)})
+                use_cache=True, **{cache_arg: DynamicCache(config=config)})
     cache = first.past_key_values if getattr(first, "cache", None) is None else first.cache
     if T == 1:
         return first.last_hidden_state[inv, -1:]
@@ -170,6 +181,26 @@ def shared_prompt_hidden(model, input_ids: torch.Tensor, attention_mask: torch.T
     rest = dec(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
                position_ids=position_ids_from_mask(attention_mask)[:, P:-1], use_cache=True, **{cache_arg: cache})
     return torch.cat([first.last_hidden_state[inv, -1:], rest.last_hidden_state], 1)   # [B, T, H]
+
+
+@contextlib.contextmanager
+def _grouped_kv_with_masks(device: torch.device) -> Iterator[None]:
+    """On CPU, let transformers' SDPA path pass grouped keys/values (enable_gqa) together with a mask.
+
+    The completion pass always carries a mask (it starts at an offset into the cache), and transformers
+    then copies each key/value head to every query head it serves (`repeat_kv`), because CUDA kernels
+    need that with a mask; the copies are saved for backward (2 x [B, heads, P+T, hd] per layer). torch's
+    CPU kernel takes a mask with grouped heads directly, so on CPU the switch
+    TRANSFORMERS_SDPA_FORCE_GQA is set for the duration of the call (and restored after).
+    """
+    if device.type != "cpu" or os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA") is not None:
+        yield
+        return
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]
 
 
 def length_buckets(lengths: torch.Tensor, max_rows: int, overhead_tokens: float) -> list[torch.Tensor]:

@@ -9,7 +9,8 @@ Two engines, chosen per model:
   * lean   (Llama, Qwen2, Qwen3, Mistral with plain nn.Linear weights): a decoder step written
            against the model's own weights, q/k/v and gate/up fused into one matmul each, rotary
            tables built once, and a KV cache the sampler owns: one preallocated tensor
-           [layers, 2, N, kv_heads, P + T, head_dim], written in place (no per-step concatenation).
+           [layers, 2, N, kv_heads, P + T, head_dim], written in place (no per-step concatenation);
+           large weights packed once per call for oneDNN (`DecodeLinear`).
   * cached (other known architectures): the model's forward with a transformers DynamicCache.
 Anything else goes to `model.generate` (rollout.py), with one log line.
 
