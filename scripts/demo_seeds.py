@@ -1,6 +1,6 @@
 """Run the built-in demo with several seeds and print the before/after table of docs/demo.md.
 
-    python scripts/demo_seeds.py                    # runs seeds 0 1 2 one after another (~10 min each)
+    python scripts/demo_seeds.py                    # runs seeds 0 1 2 one after another (~3.5 min each, idle)
     python scripts/demo_seeds.py --no-run           # only summarize runs/demo_seed{0,1,2}
 
 Each run is `grpokit train run.seed=S run.output_dir=runs/demo_seedS` (the demo config otherwise

@@ -28,8 +28,8 @@ DEMO: dict[str, Any] = {
     "rollout.num_generations": 8, "rollout.prompts_per_step": 16,  # G = 8, B = 16: 128 completions a step
     "rollout.max_completion_length": 24, "rollout.max_prompt_length": 64,  # '37+58=95. \\boxed{95}' + EOS = 21
     "optim.learning_rate": 1e-4, "optim.max_grad_norm": 1.0,  # 2e-4 and above drift away (KL > 0.05) and lose accuracy
-    "run.output_dir": "runs/demo", "run.max_steps": 200,
-    "run.eval_limit": 500, "run.eval_steps": 50,    # greedy held-out accuracy at 0, 50, ..., and the end
+    "run.output_dir": "runs/demo", "run.max_steps": 400,
+    "run.eval_limit": 500, "run.eval_steps": 100,   # greedy held-out accuracy at 0, 100, ..., and the end
 }
 
 SUBCOMMANDS = {  # name -> module with main(argv) -> int, for the commands that live beside their code
