@@ -72,3 +72,17 @@ def test_sft_learns_the_format_on_a_few_steps(char_tokenizer):
     with torch.no_grad():
         after = float(sft_loss(model, *batch))
     assert after < 0.6 * before
+
+
+@needs_checkpoint
+def test_periodic_evaluation_is_skipped_when_eval_limit_is_zero(tmp_path):
+    """run.eval_steps with run.eval_limit=0 (no held-out problems): training runs on, nothing is evaluated."""
+    from grpokit.cli import main as cli_main
+    from grpokit.metrics import read_metrics
+
+    out = tmp_path / "noeval"
+    args = ["train", f"run.output_dir={out}", "run.max_steps=3", "run.eval_steps=1", "run.eval_limit=0",
+            "rollout.prompts_per_step=2", "rollout.num_generations=4", "run.progress=false", "model.device=cpu"]
+    assert cli_main(args) == 0
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    assert not (out / "eval.jsonl").exists()

@@ -385,7 +385,8 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
                     f"{state.bad_steps} non-finite updates in a row (run.max_bad_steps): lower "
                     f"optim.learning_rate or check the rewards; last good checkpoint: "
                     f"{good[-1] if good else f'none (run.save_steps={cfg.run.save_steps})'}")
-            if cfg.run.eval_steps and state.step % cfg.run.eval_steps == 0 and state.step < cfg.run.max_steps:
+            if (cfg.run.eval_steps and state.eval_examples and state.step % cfg.run.eval_steps == 0
+                    and state.step < cfg.run.max_steps):   # eval_limit = 0: nothing to evaluate, skip
                 loggers.log_eval(_evaluate_and_log(state, writer, f"step{state.step}"))
         if state.eval_examples:
             loggers.log_eval(_evaluate_and_log(state, writer, "after"))
