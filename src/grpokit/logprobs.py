@@ -175,12 +175,25 @@ def _two_pass_hidden(dec, cache_arg: str, config, input_ids, attention_mask, p_i
     first = dec(input_ids=p_ids, attention_mask=p_mask, position_ids=position_ids_from_mask(p_mask),
                 use_cache=True, **{cache_arg: DynamicCache(config=config)})
     cache = first.past_key_values if getattr(first, "cache", None) is None else first.cache
+    last = first.last_hidden_state[:, -1:].index_select(0, inv)           # [B, 1, H]
     if T == 1:
-        return first.last_hidden_state[inv, -1:]
-    cache.batch_select_indices(inv)                                       # [U, ...] -> [B, ...]
+        return last
+    _select_cache_rows(cache, inv)                                        # [U, ...] -> [B, ...]
     rest = dec(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
                position_ids=position_ids_from_mask(attention_mask)[:, P:-1], use_cache=True, **{cache_arg: cache})
-    return torch.cat([first.last_hidden_state[inv, -1:], rest.last_hidden_state], 1)   # [B, T, H]
+    return torch.cat([last, rest.last_hidden_state], 1)                   # [B, T, H]
+
+
+def _select_cache_rows(cache, rows: torch.Tensor) -> None:
+    """Gather cache rows with `index_select`, whose backward (`index_add_`) sums the G rows of a prompt in
+    row order. Advanced indexing (what `Cache.batch_select_indices` does) accumulates its backward with
+    atomic adds over threads on CPU, so two identical runs would differ in the last bits."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
+        cache.batch_select_indices(rows)                                  # another cache layout
+        return
+    for layer in layers:
+        layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
 
 
 @contextlib.contextmanager
