@@ -45,6 +45,8 @@ def test_rounds_is_stripped_from_the_sides_arguments_and_checked():
     assert bench._without_option(["--rounds=3", "--fixed-length"], "--rounds") == ["--fixed-length"]
     proc = _run("--rounds", "0")
     assert proc.returncode == 2 and "--rounds must be >= 1" in proc.stderr
+    proc = _run("--rounds", "2")
+    assert proc.returncode == 2 and "add --compare-trl" in proc.stderr
 
 
 def test_compare_trl_alternates_sides_and_counts_equal_tokens():

@@ -239,6 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--steps must exceed --warmup: raise --steps")
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.rounds > 1 and not args.compare_trl:
+        p.error("--rounds alternates grpokit and TRL: add --compare-trl")
     if args.fixed_length and args.spread_lengths:
         p.error("--fixed-length and --spread-lengths exclude each other: pick one")
     args.mean_length = args.completion_length / 4 if args.spread_lengths else 0.0

@@ -81,8 +81,9 @@ def per_token_logprobs(
     """
     T = completion_length
     targets = input_ids[:, -T:]                                           # [B, T]
-    if share_prompts and can_share_prompts(model, input_ids, attention_mask, T):
-        hidden = shared_prompt_hidden(model, input_ids, attention_mask, T)  # [B, T, H]
+    groups = _prompt_groups(input_ids, attention_mask, T) if share_prompts and _can_share(model, input_ids, T) else None
+    if groups is not None and groups[0].shape[0] < input_ids.shape[0]:   # some prompt is used twice
+        hidden = shared_prompt_hidden(model, input_ids, attention_mask, T, groups)  # [B, T, H]
         head = model.get_output_embeddings()
         weight, bias = head.weight, head.bias
     elif _uses_plain_head(model):
@@ -122,13 +123,23 @@ def per_token_logprobs(
 def can_share_prompts(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int) -> bool:
     """Whether `shared_prompt_hidden` applies: a known cache-capable decoder with a plain lm-head, no
     gradient checkpointing (transformers turns the cache off under it), and some prompt used twice."""
+    return _can_share(model, input_ids, T) and \
+        _prompt_groups(input_ids, attention_mask, T)[0].shape[0] < input_ids.shape[0]
+
+
+def _can_share(model, input_ids: torch.Tensor, T: int) -> bool:
+    """The model-side conditions of `can_share_prompts` (no look at the prompts themselves)."""
     cfg = getattr(model, "config", None)
     if getattr(cfg, "model_type", "") not in CACHE_MODEL_TYPES or not _uses_plain_head(model):
         return False
-    if input_ids.shape[0] < 2 or input_ids.shape[1] <= T or _checkpointing(model):
-        return False
-    prompts = torch.cat([input_ids[:, :-T], attention_mask[:, :-T].to(input_ids.dtype)], 1)
-    return torch.unique(prompts, dim=0).shape[0] < prompts.shape[0]
+    return input_ids.shape[0] >= 2 and input_ids.shape[1] > T and not _checkpointing(model)
+
+
+def _prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distinct prompts [U, 2P] as ids then mask, the row -> prompt index [B])."""
+    P = input_ids.shape[1] - T
+    prompts = torch.cat([input_ids[:, :P], attention_mask[:, :P].to(input_ids.dtype)], 1)
+    return torch.unique(prompts, dim=0, return_inverse=True)
 
 
 def cache_kwarg(module) -> str:
@@ -147,7 +158,8 @@ def _checkpointing(model) -> bool:
     return False
 
 
-def shared_prompt_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int) -> torch.Tensor:
+def shared_prompt_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int,
+                         groups: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Final hidden states [B, T, H] that predict the last T tokens, each distinct prompt run once.
 
     GRPO scores G completions of one prompt, so a plain pass runs the prompt's P tokens G times. Here
@@ -155,11 +167,10 @@ def shared_prompt_hidden(model, input_ids: torch.Tensor, attention_mask: torch.T
     B rows (an index select, so the backward sums the G rows' gradients into the one prompt pass); the
     completions then run on that cache. Token t's prediction comes from position P + t - 1: the
     prompt's last hidden state for t = 0, the completion pass for t >= 1. Cost: U*P + B*T token
-    forwards instead of B*(P + T).
+    forwards instead of B*(P + T). `groups`: the `_prompt_groups` result when the caller already has it.
     """
     P = input_ids.shape[1] - T
-    prompts = torch.cat([input_ids[:, :P], attention_mask[:, :P].to(input_ids.dtype)], 1)
-    uniq, inv = torch.unique(prompts, dim=0, return_inverse=True)        # [U, 2P], [B]
+    uniq, inv = groups if groups is not None else _prompt_groups(input_ids, attention_mask, T)  # [U, 2P], [B]
     p_ids, p_mask = uniq[:, :P], uniq[:, P:].to(attention_mask.dtype)
     dec = model.get_decoder()
     cache_arg = cache_kwarg(dec)

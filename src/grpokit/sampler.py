@@ -135,7 +135,7 @@ def lean_supported(model, max_positions: int) -> bool:
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm with transformers' op order (float32 statistics), so results match bit for bit."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)                # one fused kernel, same float32 math
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)                # one call, the same float32 math
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
