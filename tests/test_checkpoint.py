@@ -126,6 +126,19 @@ def test_truncated_newest_checkpoint_falls_back_with_a_warning(full_run, tmp_pat
     assert_same(weights(out / "final"), weights(ref_out / "final"))
 
 
+def test_a_kill_between_rename_and_pointer_is_repaired_on_resume(full_run, tmp_path, caplog):
+    ref_out, _ = full_run
+    out = tmp_path / "run"
+    shutil.copytree(ref_out, out)
+    shutil.rmtree(out / "final")
+    (out / "latest").write_text("checkpoint-4")  # checkpoint-6 renamed into place, `latest` not yet rewritten
+    with caplog.at_level(logging.INFO, logger="grpokit"):
+        train_grpo(tiny(out, **{"run.resume": True, "run.max_steps": 6}))
+    assert "checkpoint-6 (step 6)" in caplog.text  # the newest complete folder wins, not the stale pointer
+    assert (out / "latest").read_text() == "checkpoint-6"
+    assert not (out / "latest.tmp").exists()
+
+
 def test_tampered_or_missing_files_are_detected(full_run, tmp_path):
     ckpt = tmp_path / "checkpoint-6"
     shutil.copytree(full_run[0] / "checkpoint-6", ckpt)

@@ -188,6 +188,15 @@ def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None
     _fsync(tmp)
 
 
+def point_latest(out: Path, name: str) -> None:
+    """Atomically rewrite `latest` to name (write aside, fsync, rename, fsync the folder)."""
+    pointer = out / "latest.tmp"
+    pointer.write_text(name)
+    _fsync(pointer)
+    os.replace(pointer, out / "latest")
+    _fsync(out)
+
+
 def save_checkpoint(state, out_dir: str | Path, metrics_row: dict[str, Any] | None = None) -> Path:
     """Write checkpoint-<step> atomically, point `latest` at it, keep the newest run.save_total_limit.
 
@@ -222,11 +231,7 @@ def save_checkpoint(state, out_dir: str | Path, metrics_row: dict[str, Any] | No
             shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, final)
         _fsync(out)
-        pointer = out / "latest.tmp"
-        pointer.write_text(final.name)
-        _fsync(pointer)
-        os.replace(pointer, out / "latest")
-        _fsync(out)
+        point_latest(out, final.name)
     except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
         cause = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
@@ -399,6 +404,9 @@ def resume_if_requested(state, out_dir: str | Path) -> bool:
     if harmless:
         log.info("resuming with changed settings: %s", ", ".join(harmless))
     blob = load_checkpoint(state, folder)
+    latest = out / "latest"
+    if not latest.is_file() or latest.read_text() != folder.name:  # a kill between rename and pointer
+        point_latest(out, folder.name)
     _cut_logs(out, state.step, blob["metrics_offset"]["bytes"], blob.get("metrics_row"))
     log.info("resumed from %s (step %d)", folder, state.step)
     if state.step >= state.cfg.run.max_steps:

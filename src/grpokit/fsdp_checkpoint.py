@@ -31,7 +31,7 @@ def save_sharded(dist: Distributed, state: Any, out_dir: Path) -> Path:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-    from .checkpoint import rng_state
+    from .checkpoint import point_latest, rng_state
 
     final, tmp = out_dir / f"checkpoint-{state.step}", out_dir / f".tmp-checkpoint-{state.step}"
     if dist.is_main:
@@ -50,8 +50,7 @@ def save_sharded(dist: Distributed, state: Any, out_dir: Path) -> Path:
         (tmp / "config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        (out_dir / "latest.tmp").write_text(final.name)
-        os.replace(out_dir / "latest.tmp", out_dir / "latest")
+        point_latest(out_dir, final.name)
         limit = state.cfg.run.save_total_limit
         for old in (_checkpoint_dirs(out_dir)[:-limit] if limit else []):
             shutil.rmtree(old, ignore_errors=True)
