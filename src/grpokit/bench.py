@@ -110,10 +110,13 @@ def matmul_peak_gflops(seconds: float = 1.0, n: int = 1024) -> float:
     return best
 
 
-def model_flops(model, prompt_tokens: int, completion_tokens: int, prompt_len: float, comp_len: float) -> dict:
-    """Forward FLOPs of the phases of one step (x3 for forward + backward).
+def model_flops(model, prompt_tokens: int, completion_tokens: int, prompt_len: float, comp_len: float,
+                reused: bool = False) -> dict:
+    """FLOPs of the phases of one step: forward, x3 for forward + backward.
 
     Per token: 2 x (decoder weights) + 2 x H x V (lm-head, on completion tokens) + 4 x H_attn x ctx per layer.
+    reused: the update's forward took the projections from the sampler (`grpokit.reuse`), so its
+    2 x (decoder weights) per token were not computed again and are not counted.
     """
     cfg = model.config
     emb = model.get_input_embeddings().weight.numel()
@@ -125,7 +128,7 @@ def model_flops(model, prompt_tokens: int, completion_tokens: int, prompt_len: f
     gen = completion_tokens * (2 * (decoder + head) + attn * full_ctx) + prompt_tokens * 2 * decoder
     seq = prompt_tokens + completion_tokens
     fwd = seq * 2 * decoder + completion_tokens * 2 * head + seq * attn * (prompt_len + comp_len) / 2
-    return {"generate": gen, "ref_forward": fwd, "policy_fwd_bwd": 3 * fwd}
+    return {"generate": gen, "ref_forward": fwd, "policy_fwd_bwd": 3 * fwd - (seq * 2 * decoder if reused else 0)}
 
 
 def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, side: str) -> dict:
@@ -157,6 +160,7 @@ def run_grpokit(args) -> dict:
     from .models import frozen_reference
     from .rollout import sample_groups
     from .trainer import TrainState, compute_advantages, forward_logprobs, make_optimizer, policy_update
+    from .update import reuses_activations
 
     model, tok = build_model(args.size, args.seed, args.mean_length, args.model)
     if args.gradient_checkpointing:
@@ -165,7 +169,8 @@ def run_grpokit(args) -> dict:
     L = args.completion_length
     cfg = build_config({"loss.beta": args.beta, "loss.loss_type": "grpo", "rollout.num_generations": args.num_generations,
                         "rollout.prompts_per_step": args.prompts, "rollout.max_completion_length": L,
-                        "optim.learning_rate": 1e-6, "run.max_steps": args.steps})
+                        "optim.learning_rate": 1e-6, "run.max_steps": args.steps,
+                        "rollout.reuse_activations": not args.no_reuse, "rollout.backend": args.backend})
     ref = frozen_reference(model) if args.beta > 0 else None
     opt, sched = make_optimizer(model, cfg)
     state = TrainState(cfg, model, tok, ref, opt, sched, [], None)
@@ -175,7 +180,8 @@ def run_grpokit(args) -> dict:
         timer, t0 = PhaseTimer(), time.perf_counter()
         with timer("generate"):
             r = sample_groups(model, tok, prompts, args.num_generations, L, backend=args.backend,
-                              suppress_eos=args.fixed_length)
+                              suppress_eos=args.fixed_length, keep_activations=reuses_activations(cfg, 1, model))
+        reused = r.activations is not None                                # policy_update consumes it
         with timer("reward"):
             rewards = torch.tensor(digit_reward(r.completions))
         with timer("ref_forward"):
@@ -191,7 +197,8 @@ def run_grpokit(args) -> dict:
         row["completion_tokens"] = n_comp
         steps.append(row)
         p_tok = float(r.prompt_mask.sum())
-        flops.append(model_flops(model, p_tok, n_comp, p_tok / r.prompt_mask.shape[0], n_comp / r.prompt_mask.shape[0]))
+        flops.append(model_flops(model, p_tok, n_comp, p_tok / r.prompt_mask.shape[0], n_comp / r.prompt_mask.shape[0],
+                                 reused))
     return summarize(steps, args.warmup, flops, peak, "grpokit")
 
 
@@ -227,6 +234,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="first steps left out of the figures")
     p.add_argument("--beta", type=float, default=0.04, help="KL coefficient (0: no reference forward)")
     p.add_argument("--backend", default="auto", choices=("auto", "fast", "generate"), help="grpokit sampler")
+    p.add_argument("--no-reuse", action="store_true",
+                   help="rollout.reuse_activations=false: the update recomputes the sampler's projections")
     p.add_argument("--gradient-checkpointing", action="store_true", help="both sides recompute activations")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)

@@ -16,6 +16,8 @@ leaves the previous checkpoints whole. Resume takes the newest checkpoint whose 
 its files; a truncated or altered one is moved aside to `checkpoint-<step>.corrupt` with a warning
 and the one before it is used.
 
+Cutting metrics.jsonl and eval.jsonl back to the resumed step lives in `grpokit.resume_logs`.
+
 Test-only hook: GRPOKIT_TEST_PAUSE_IN_SAVE=SECONDS[@STEP] sleeps inside save_checkpoint (after the
 files are written, before the rename), so a test can kill the process in the middle of a save.
 """
@@ -35,11 +37,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpokit.resume_logs import METRICS_FILE, _cut_logs
+
 log = logging.getLogger("grpokit")
 
 MANIFEST = "manifest.json"
 STATE_FILE = "trainer_state.pt"
-METRICS_FILE = "metrics.jsonl"
 PAUSE_ENV = "GRPOKIT_TEST_PAUSE_IN_SAVE"
 
 # Config keys that may change between a checkpoint and its resume: they change what is logged,
@@ -50,6 +53,7 @@ HARMLESS_KEYS = frozenset({
     "run.save_total_limit", "run.resume", "run.overwrite", "run.report_to", "run.log_completions_steps",
     "run.track_prompts", "run.max_bad_steps", "run.progress", "run.output_dir", "task.eval_split",
     "model.device", "model.gradient_checkpointing", "optim.micro_batch_size", "rollout.generation_batch_size",
+    "rollout.reuse_activations",
 })
 
 
@@ -327,46 +331,6 @@ def load_checkpoint(state, folder: Path) -> dict[str, Any]:
     ranks, dist = blob.get("rank_rng") or [], getattr(state, "dist", None)  # distributed: each rank its own
     set_rng_state(ranks[dist.rank] if dist is not None and len(ranks) == dist.world_size > 1 else blob["rng"])
     return blob
-
-
-def _cut_logs(out_dir: Path, step: int, offset: int, pending_row: str | None) -> None:
-    """metrics.jsonl back to its state at checkpoint `step`; eval.jsonl rows after `step` dropped.
-
-    metrics.jsonl is cut at `offset` (its length when the checkpoint was written); when the loop
-    writes the step's row after the save, that row is kept if it reached the file, else the
-    checkpoint's copy (`pending_row`) is appended: every step stays logged exactly once.
-    """
-    metrics = out_dir / METRICS_FILE
-    data = metrics.read_bytes() if metrics.exists() else b""
-    if len(data) < offset:
-        log.warning("%s is shorter than when checkpoint-%d was saved: earlier rows are missing", metrics, step)
-        offset = len(data)
-    keep, tail = data[:offset], b""
-    if pending_row is not None:
-        line, newline, _ = data[offset:].partition(b"\n")
-        tail = line + newline if newline and _row_step(line.decode("utf-8", "replace")) == step \
-            else pending_row.encode("utf-8") + b"\n"
-    if keep + tail != data:
-        tmp = metrics.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(keep + tail)
-            os.fsync(f.fileno())
-        os.replace(tmp, metrics)
-    evals = out_dir / "eval.jsonl"
-    if evals.exists():
-        lines = evals.read_text(encoding="utf-8").splitlines()
-        kept = [ln for ln in lines if _row_step(ln) <= step]
-        if len(kept) != len(lines):
-            tmp = evals.with_suffix(".tmp")
-            tmp.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
-            os.replace(tmp, evals)
-
-
-def _row_step(line: str) -> float:
-    try:
-        return float(json.loads(line).get("step", 0))
-    except (ValueError, AttributeError):
-        return float("inf")  # a line cut by a kill: drop it
 
 
 def resume_if_requested(state, out_dir: str | Path) -> bool:

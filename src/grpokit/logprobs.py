@@ -96,7 +96,18 @@ def per_token_logprobs(
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        position_ids=position_ids_from_mask(attention_mask), logits_to_keep=T + 1).logits[:, :-1]
         hidden, weight, bias = logits, None, None                         # [B, T, V]
-    B, _, H = hidden.shape
+    return head_logprobs(hidden, targets, weight, bias, temperature, chunk_rows, return_entropy)
+
+
+def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                  temperature: float, chunk_rows: int = 1024,
+                  return_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Final hidden states [B, T, H] (or logits [B, T, V] when weight is None) -> log-probs of targets [B, T].
+
+    The lm-head runs over chunks of `chunk_rows` rows, recomputed in backward under autograd, so at most
+    [chunk_rows, V] logits exist at a time.
+    """
+    B, T, H = hidden.shape
     flat_h = hidden.reshape(B * T, H)                                     # [B*T, H]
     flat_t = targets.reshape(B * T)
     pieces, entropies = [], []
@@ -132,7 +143,7 @@ def _can_share(model, input_ids: torch.Tensor, T: int) -> bool:
     cfg = getattr(model, "config", None)
     if getattr(cfg, "model_type", "") not in CACHE_MODEL_TYPES or not _uses_plain_head(model):
         return False
-    return input_ids.shape[0] >= 2 and input_ids.shape[1] > T and not _checkpointing(model)
+    return input_ids.shape[0] >= 2 and input_ids.shape[1] > T and not checkpointing_enabled(model)
 
 
 def _prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,7 +162,7 @@ def cache_kwarg(module) -> str:
         return "cache"
 
 
-def _checkpointing(model) -> bool:
+def checkpointing_enabled(model) -> bool:
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):   # transformers 5 / 4 names
         if name in dir(type(model)):
             return bool(getattr(model, name))

@@ -14,6 +14,9 @@ go to `RewardBatch.step_rewards`, not into the outcome total.
 
 Built-ins (`REWARDS`): accuracy, format, rule (the chapter's 0 / 0.5 / 1.5 rule), length / overlong
 (DAPO soft overlong punishment) and steps (an exact arithmetic step verifier).
+
+How one function is called over a batch and its output checked (`RewardError`, per-completion
+retry, score checks) lives in `grpokit.reward_calls`.
 """
 
 from __future__ import annotations
@@ -33,25 +36,8 @@ from typing import Any
 import torch
 
 from grpokit.answers import answers_match, extract_answer, extract_boxed
+from grpokit.reward_calls import RewardError, _as_text, _call, _one_line, _score, _steps
 from grpokit.steps import check_steps, token_char_ends  # noqa: F401  (part of this module's API)
-
-
-class RewardError(ValueError):
-    """A reward function failed or misbehaved; the message is one line naming it."""
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _as_text(completion: Any) -> str:
-    """A completion as text: TRL passes chat completions as [{'role': 'assistant', 'content': ...}]."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    return str(completion)
 
 
 def _need(value: Any, key: str, reward: str, what: str) -> Any:
@@ -271,91 +257,6 @@ class RewardBatch:
     per_func: dict[str, torch.Tensor]  # name -> [N] float32 raw scores, NaN where None (process: step sum)
     num_errors: int  # completions excluded because a function raised under reward_errors='skip'
     step_rewards: list[list[tuple[int, float]]] | None  # weighted (end_token_index, r) per completion
-
-
-def _short(completion: Any) -> str:
-    text = _as_text(completion)
-    return repr(text[:60] + ("..." if len(text) > 60 else ""))
-
-
-def _sample_kwargs(kwargs: dict[str, Any], i: int, n: int) -> dict[str, Any]:
-    """The keywords of completion i alone: per-completion lists are cut to their i-th element."""
-    out = {}
-    for key, value in kwargs.items():
-        per_completion = (isinstance(value, (list, tuple)) and len(value) == n) or (
-            isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n)
-        out[key] = value[i:i + 1] if per_completion else value
-    return out
-
-
-def _call(name: str, fn: Callable, prompts: list, completions: list, kwargs: dict[str, Any],
-          reward_errors: str) -> tuple[list, set[int]]:
-    """fn over the batch; if it raises, once per completion to find (raise) or drop (skip) the culprits."""
-    n = len(completions)
-    try:
-        return _check_list(name, fn(prompts, completions, **kwargs), n), set()
-    except RewardError:
-        raise  # a misconfiguration (missing column, bad output), not a per-sample failure
-    except Exception as batch_error:
-        error = batch_error
-    scores: list = [None] * n
-    failed: set[int] = set()
-    for i in range(n):
-        try:
-            one = fn(prompts[i:i + 1], completions[i:i + 1], **_sample_kwargs(kwargs, i, n))
-            scores[i] = _check_list(name, one, 1)[0]
-        except RewardError:
-            raise
-        except Exception as e:
-            if reward_errors == "raise":
-                raise RewardError(f"reward '{name}' failed on completion {i} {_short(completions[i])}: "
-                                  f"{type(e).__name__}: {_one_line(e)}") from e
-            failed.add(i)
-    if reward_errors == "raise":  # only the whole batch fails: report the batch error
-        raise RewardError(f"reward '{name}' failed on the batch of {n} completions (each alone succeeds): "
-                          f"{type(error).__name__}: {_one_line(error)}") from error
-    return scores, failed
-
-
-def _check_list(name: str, out: Any, n: int) -> list:
-    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
-        raise RewardError(f"reward '{name}' returned {type(out).__name__}: return a list of {n} scores")
-    if len(out) != n:
-        raise RewardError(f"reward '{name}' returned {len(out)} scores for {n} completions: return one per completion")
-    return list(out)
-
-
-def _score(name: str, value: Any, i: int, completion: Any) -> float:
-    """One outcome score as a float (None -> NaN); anything else non-finite is an error."""
-    if value is None:
-        return math.nan
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-        raise RewardError(f"reward '{name}' returned {type(value).__name__} for completion {i}: "
-                          f"return a float, or None to abstain")
-    score = float(value)
-    if not math.isfinite(score):
-        raise RewardError(f"reward '{name}' returned {score} for completion {i} {_short(completion)}: "
-                          f"return a finite float, or None to abstain")
-    return score
-
-
-def _steps(name: str, value: Any, i: int, length: int | None) -> list[tuple[int, float]]:
-    """One completion's process rewards as checked (token, reward) pairs."""
-    if value is None:
-        return []
-    pairs = []
-    for pair in value:
-        try:
-            token, reward = pair
-        except (TypeError, ValueError):
-            raise RewardError(f"reward '{name}' (process) gave {pair!r} for completion {i}: "
-                              f"give (end_token_index, reward) pairs") from None
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (
-                length is not None and token >= length):
-            raise RewardError(f"reward '{name}' (process) gave token index {token!r} for completion {i} "
-                              f"of {length} tokens: give an index into completion_ids")
-        pairs.append((token, _score(name, reward, i, "")))
-    return pairs
 
 
 def score_responses(reward_funcs: Sequence[tuple[str, Callable, float]], prompts: list, completions: list,

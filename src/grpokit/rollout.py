@@ -7,7 +7,7 @@ are kept exactly as generated, and the mask says which of them the loss may see.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -32,6 +32,7 @@ class Rollout:
     truncated: torch.Tensor           # [N] bool, no EOS within max_new_tokens
     group_size: int                   # G
     sampling_logprobs: torch.Tensor | None = None  # [N, T] log-probs under the sampling distribution
+    activations: Any = field(default=None, repr=False)  # grpokit.reuse.ActivationRecord, for the first update
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -170,6 +171,7 @@ def sample_groups(
     suppress_eos: bool = False,
     generation_batch_size: int = 0,
     greedy: bool = False,
+    keep_activations: bool = False,
 ) -> Rollout:
     """Sample G completions for each prompt with the current policy.
 
@@ -185,6 +187,8 @@ def sample_groups(
         suppress_eos: never end early (fixed-length completions, for benchmarks).
         generation_batch_size: completions decoded at once (0 = all N), a multiple of G.
         greedy: argmax decoding instead of sampling (evaluation; use group_size=1).
+        keep_activations: attach the lean decoder's projection outputs (`Rollout.activations`, used by
+            `grpokit.reuse`) when the fast sampler decodes the whole batch in one call.
 
     Returns:
         A Rollout with N = B * G rows.
@@ -202,12 +206,12 @@ def sample_groups(
     use_fast = sampler.choose_backend(model, backend)
     B = prompt_ids.shape[0]
     chunk = max(1, (generation_batch_size or B * group_size) // group_size)  # prompts per decode call
-    pieces, logps = [], []
+    pieces, logps, records = [], [], ([] if keep_activations and chunk >= B else None)
     for s in range(0, B, chunk):
         p_ids, p_mask = prompt_ids[s:s + chunk], prompt_mask[s:s + chunk]
         if use_fast:
             ids, lp = sampler.fast_sample(model, p_ids, p_mask, group_size, max_new_tokens, temperature, top_p,
-                                          top_k, eos_ids, tokenizer.pad_token_id, suppress_eos, greedy)
+                                          top_k, eos_ids, tokenizer.pad_token_id, suppress_eos, greedy, records)
             logps.append(lp)
         else:
             rep_ids, rep_mask = p_ids.repeat_interleave(group_size, 0), p_mask.repeat_interleave(group_size, 0)
@@ -234,4 +238,5 @@ def sample_groups(
         truncated=truncated,
         group_size=group_size,
         sampling_logprobs=sampling_logprobs,
+        activations=records[0] if records else None,
     )

@@ -207,6 +207,17 @@ class LeanDecoder:
         # rotate_half(x) * sin == roll(x, hd/2) * [-sin_1, sin_2]: one roll instead of slice/neg/cat.
         self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
         self.kv = torch.empty(len(self.layers), 2, rows, self.nkv, max_len, self.hd, dtype=w.dtype, device=w.device)
+        self.record, self.record_step = None, None   # an ActivationRecord (grpokit.reuse), the decode step
+
+    def dims(self) -> dict[str, int]:
+        """Output width of each projection (what an ActivationRecord stores per position)."""
+        return {k: self.layers[0][k].weight.shape[0] for k in ("qkv", "o", "gu", "down")}
+
+    def _proj(self, i: int, name: str, x: torch.Tensor) -> torch.Tensor:
+        y = self.layers[i][name](x)
+        if self.record is not None:
+            self.record.put(i, name, y, self.record_step)
+        return y
 
     def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: slice,
                 mask: torch.Tensor, rows: int) -> torch.Tensor:
@@ -215,7 +226,7 @@ class LeanDecoder:
         nh, nkv, hd = self.nh, self.nkv, self.hd
         for i, w in enumerate(self.layers):
             x = _rms(h, w["ln1"], self.eps)
-            qkv = w["qkv"](x).view(n, L, nh + 2 * nkv, hd).transpose(1, 2)  # [n, heads, L, hd]
+            qkv = self._proj(i, "qkv", x).view(n, L, nh + 2 * nkv, hd).transpose(1, 2)  # [n, heads, L, hd]
             qk, v = qkv[:, :nh + nkv], qkv[:, nh + nkv:]
             if w["q_norm"] is not None:
                 qk = torch.cat([_rms(qk[:, :nh], w["q_norm"], self.eps), _rms(qk[:, nh:], w["k_norm"], self.eps)], 1)
@@ -230,9 +241,9 @@ class LeanDecoder:
                 cache[1, :, :, slots] = v.repeat_interleave(rows // n, 0)
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=w["scale"],
                                                  enable_gqa=nkv != nh)   # [n, nh, L, hd]
-            h = h + w["o"](att.transpose(1, 2).reshape(n, L, nh * hd))
-            gate, up = w["gu"](_rms(h, w["ln2"], self.eps)).chunk(2, -1)
-            h = h + w["down"](w["act"](gate) * up)
+            h = h + self._proj(i, "o", att.transpose(1, 2).reshape(n, L, nh * hd))
+            gate, up = self._proj(i, "gu", _rms(h, w["ln2"], self.eps)).chunk(2, -1)
+            h = h + self._proj(i, "down", w["act"](gate) * up)
         return _rms(h[:, -1], self.final_norm, self.eps)                   # [n, H], last position only
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -263,13 +274,16 @@ class LeanDecoder:
 @torch.no_grad()
 def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                 max_new_tokens: int, temperature: float, top_p: float, top_k: int, eos_ids: list[int],
-                pad_id: int, suppress_eos: bool = False, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                pad_id: int, suppress_eos: bool = False, greedy: bool = False,
+                records: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample G completions per prompt with a shared-prefix KV cache.
 
     Args:
         prompt_ids, prompt_mask: [B, P] left-padded prompts (each prefilled once).
         group_size: G.
         greedy: argmax decoding (evaluation); log-probs are still those of the tempered distribution.
+        records: when a list and the lean engine runs, an `ActivationRecord` of every projection output
+            is appended to it (for `grpokit.reuse`, the update's forward pass).
 
     Returns:
         (completion_ids [B*G, T'], sampling log-probs [B*G, T']), T' <= max_new_tokens (the longest row).
@@ -280,11 +294,16 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
     try:
         P = prompt_ids.shape[1]
         if lean_supported(model, P + max_new_tokens):
-            engine = _LeanEngine(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
+            engine = _LeanEngine(model, prompt_ids, prompt_mask, group_size, max_new_tokens, records is not None)
+            if engine.dec.record is not None:
+                records.append(engine.dec.record)
         else:
             engine = _CachedEngine(model, prompt_ids, prompt_mask, group_size)
-        return _decode(engine, prompt_ids.shape[0] * group_size, max_new_tokens, temperature, top_p, top_k,
-                       eos_ids, pad_id, suppress_eos, greedy, prompt_ids.device)
+        tokens, logps = _decode(engine, prompt_ids.shape[0] * group_size, max_new_tokens, temperature, top_p, top_k,
+                                eos_ids, pad_id, suppress_eos, greedy, prompt_ids.device)
+        if records is not None and isinstance(engine, _LeanEngine):
+            engine.dec.record.completion_ids = tokens                     # what the record's positions were fed
+        return tokens, logps
     finally:
         model.train(was_training)
 
@@ -329,10 +348,16 @@ def _decode(engine, N: int, max_new_tokens: int, temperature: float, top_p: floa
 class _LeanEngine:
     """Drives `LeanDecoder`: positions, key masks and the cache slot of each step."""
 
-    def __init__(self, model, prompt_ids, prompt_mask, group_size: int, max_new_tokens: int) -> None:
+    def __init__(self, model, prompt_ids, prompt_mask, group_size: int, max_new_tokens: int,
+                 record: bool = False) -> None:
         B, P = prompt_ids.shape
         self.P, N = P, B * group_size
         self.dec = LeanDecoder(model, N, P + max_new_tokens)
+        if record:
+            from .reuse import ActivationRecord
+
+            self.dec.record = ActivationRecord(model, prompt_ids, prompt_mask, group_size, max_new_tokens,
+                                               self.dec.dims(), len(self.dec.layers))
         self.logits0 = self.dec.prefill(prompt_ids, prompt_mask, group_size).repeat_interleave(group_size, 0)
         mask = prompt_mask.bool().repeat_interleave(group_size, 0)
         self.key_mask = torch.cat([mask, mask.new_ones(N, max_new_tokens)], 1)   # [N, P + T] valid key slots
@@ -343,11 +368,14 @@ class _LeanEngine:
 
     def step(self, tok: torch.Tensor, t: int) -> torch.Tensor:
         slot = self.P + t
+        self.dec.record_step = t
         logits = self.dec.step(tok, self.pos + t, slot, self.key_mask[:, None, None, :slot + 1])
         return logits
 
     def keep_rows(self, keep: torch.Tensor, t: int) -> None:
         self.dec.keep_rows(keep, self.P + t)
+        if self.dec.record is not None:
+            self.dec.record.keep_rows(keep, t)
         self.key_mask, self.pos = self.key_mask[keep], self.pos[keep]
 
 

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .logprobs import micro_batches, per_token_logprobs
+from .logprobs import checkpointing_enabled, micro_batches, per_token_logprobs
 from .loss import grpo_objective_from_logprobs, truncated_is_weights
 from .metrics import PhaseTimer
+from .reuse import reused_logprobs
 from .rollout import Rollout
 
 if TYPE_CHECKING:
@@ -22,8 +23,22 @@ if TYPE_CHECKING:
     from .trainer import TrainState
 
 
-def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperature: float, fn=per_token_logprobs, **kw):
-    """Log-probs for some rows (a slice or an index tensor), trimmed to their longest prompt and completion."""
+def reuses_activations(cfg: GRPOConfig, world_size: int, model) -> bool:
+    """Whether sampling should record activations for the update (`grpokit.reuse`): one process, the
+    built-in sampler, GRPO's update, no dynamic sampling (its resampled batches are merged), and no
+    gradient checkpointing (which asks for less memory than a record holds)."""
+    r = cfg.rollout
+    return (r.reuse_activations and world_size == 1 and r.backend in ("auto", "fast") and not r.dynamic_sampling
+            and cfg.loss.algorithm == "grpo" and not checkpointing_enabled(model))
+
+
+def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperature: float, fn=per_token_logprobs,
+                  record=None, **kw):
+    """Log-probs for some rows (a slice or an index tensor), trimmed to their longest prompt and completion.
+
+    record: the sampler's `ActivationRecord` of these weights (rows must be an index tensor): the forward
+    takes its projection outputs (`grpokit.reuse.reused_logprobs`) instead of `fn`.
+    """
     mask = rollout.completion_mask[rows]
     T = int(mask.sum(-1).max()) if mask.numel() else 0
     T = max(T, 1)
@@ -31,6 +46,8 @@ def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperatu
     P0 = int((p_mask.sum(0) > 0).nonzero()[0]) if p_mask.any() else 0   # drop all-pad prompt columns
     ids = torch.cat([rollout.prompt_ids[rows, P0:], rollout.completion_ids[rows, :T]], dim=1)
     att = torch.cat([p_mask[:, P0:], mask[:, :T]], dim=1)
+    if record is not None:
+        return reused_logprobs(model, record, rows, ids, att, T, temperature=temperature, **kw), T
     return fn(model, ids, att, T, temperature=temperature, **kw), T  # fn: through DDP/FSDP when distributed
 
 
@@ -69,14 +86,18 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
                      "tis/mean_weight", "tis/clipped_frac")
     logprobs_fn = dist.logprobs_fn(state.model)
     out: dict[str, float] = {}
+    record, rollout.activations = rollout.activations, None  # the sampler's projections (grpokit.reuse), used once
+    if record is not None and not (dist.world_size == 1 and record.usable(state.model, rollout)):
+        record = None                                     # the weights or the tokens changed since sampling
     for it in range(lo.num_iterations):
+        use = record if it == 0 else None                 # later iterations run on updated weights
         sums: dict[str, torch.Tensor] = {}
         loss_finite = torch.tensor(True)
         for g, rows in enumerate(groups):
             rows = rows.to(loss_mask.device)
             dist.sync_grads(state.model, g == n_micro - 1)   # reduce over ranks on the last micro-batch only
             (new_lp, entropy), T = rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature,
-                                                  fn=logprobs_fn, return_entropy=True)
+                                                  fn=logprobs_fn, record=use, return_entropy=True)
             m = loss_mask[rows, :T]
             a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
             tis, tis_mets = None, {}
@@ -98,6 +119,8 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
             for k, v in mets.items():
                 add = v * m.sum() if k in token_metrics else v * bnpo_scale
                 sums[k] = sums.get(k, 0.0) + add
+        if use is not None:
+            use.release()
         with timer("optimizer"):
             grad_norm = clip_and_step(state) if dist.all_true(bool(loss_finite)) else skip_update(state)
         sums = dist.reduce_sums(sums)                    # one all-reduce: figures over the whole batch

@@ -1,0 +1,225 @@
+"""[D] fast path: the update's forward pass reuses the projections the sampler already computed.
+
+With mu = 1 the first (or only) update runs the same weights on the same tokens the sampler has just
+run. Most of a forward pass is its projections (q/k/v, o, gate/up, down: ~90% of the FLOPs on the
+bench models), and the sampler has every one of their outputs. So the lean decoder
+(`grpokit.sampler.LeanDecoder`) records them (`ActivationRecord`), and `reused_logprobs` rebuilds
+the forward with autograd while taking each projection's output from the record:
+
+    forward:   y = x W^T + b          (y read from the record, no matmul)
+    backward:  dx = dy W,   dW = dy^T x,   db = sum_rows dy     (the usual linear backward)
+
+Everything else (embedding, RMSNorm, rotary, attention, SiLU, residuals, final norm, lm-head and
+log-softmax) is recomputed with autograd as in the plain pass, and prompts run once per group as in
+`logprobs.shared_prompt_hidden`. The result equals the plain pass to float rounding: the sampler
+computed y one position at a time, the plain pass all positions in one matmul.
+
+The record is only used while it describes the model: same module, every parameter unchanged since
+sampling (torch's in-place version counters, which an optimizer step bumps), no dropout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .logprobs import head_logprobs, position_ids_from_mask
+
+PROJECTIONS = ("qkv", "o", "gu", "down")
+
+
+class ActivationRecord:
+    """Projection outputs of one sampling call, per layer: prompts [B, P, D] and completions [N, T-1, D].
+
+    Completion slot t holds the outputs for input token t (the token sampled at step t, fed at step
+    t + 1); the last sampled token is never fed, hence T - 1 slots. The slots of a row after it was
+    dropped (finished) are zeroed, so every slot is finite; the loss masks them out.
+
+    The completion buffer is large (the forward activations of the whole batch) and the same size every
+    step, so `release` hands it back to a one-entry pool and the next record takes it: a fresh buffer
+    would cost the first-touch page faults of its memory every step (~8% of sampling on the bench model).
+    """
+
+    def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                 max_new_tokens: int, dims: dict[str, int], n_layers: int) -> None:
+        N, slots = prompt_ids.shape[0] * group_size, max(max_new_tokens - 1, 0)
+        w = model.get_output_embeddings().weight
+        self.model_id = id(model)
+        self.versions = _versions(model)
+        self.prompt_ids, self.prompt_mask, self.group_size = prompt_ids, prompt_mask, group_size
+        self.prompt: list[dict[str, torch.Tensor]] = [{} for _ in range(n_layers)]
+        self.buffer = _take((n_layers, N, slots, sum(dims.values())), w.dtype, w.device)
+        self.comp: list[dict[str, torch.Tensor]] = []
+        for i in range(n_layers):                                         # per-projection views [N, slots, D]
+            offsets = torch.tensor([0, *dims.values()]).cumsum(0).tolist()
+            self.comp.append({k: self.buffer[i, :, :, offsets[j]:offsets[j + 1]] for j, k in enumerate(dims)})
+        self.rows: torch.Tensor | None = None                            # live rows while decoding (None = all)
+        self.completion_ids: torch.Tensor | None = None                  # [N, T'] the sampled tokens, once done
+
+    def put(self, layer: int, name: str, y: torch.Tensor, step: int | None) -> None:
+        """y [n, L, D]: the prompt pass (step None) or decode step `step` (L = 1)."""
+        if step is None:
+            self.prompt[layer][name] = y
+        elif self.rows is None:
+            self.comp[layer][name][:, step] = y[:, 0]
+        else:
+            self.comp[layer][name][self.rows, step] = y[:, 0]
+
+    def keep_rows(self, keep: torch.Tensor, step: int) -> None:
+        """Rows not in `keep` are not fed from `step` on: zero those slots (a reused buffer holds old values)."""
+        live = torch.arange(self.buffer.shape[1]) if self.rows is None else self.rows
+        dropped = live[~torch.isin(torch.arange(live.numel()), keep)]
+        self.buffer[:, dropped, step:] = 0
+        self.rows = live[keep]
+
+    def usable(self, model, rollout=None) -> bool:
+        """Whether this record still describes `model` (same weights, nothing stochastic in its forward)
+        and, when given, `rollout` (the same prompts, and the tokens it was fed wherever the mask is on)."""
+        cfg = getattr(model, "config", None)
+        dropout = float(getattr(cfg, "attention_dropout", 0.0) or 0.0) if model.training else 0.0
+        if id(model) != self.model_id or dropout != 0.0 or _versions(model) != self.versions:
+            return False
+        return rollout is None or self._fed(rollout)
+
+    def _fed(self, rollout) -> bool:
+        G, fed = self.group_size, self.completion_ids
+        ids, mask = rollout.completion_ids, rollout.completion_mask.bool()
+        if fed is None or ids.shape[0] != fed.shape[0] or ids.shape[1] > fed.shape[1] \
+                or not torch.equal(rollout.prompt_ids, self.prompt_ids.repeat_interleave(G, 0)) \
+                or not torch.equal(rollout.prompt_mask.bool(), self.prompt_mask.bool().repeat_interleave(G, 0)):
+            return False
+        return bool((ids == fed[:, :ids.shape[1]])[mask].all())
+
+    def release(self) -> None:
+        """Done with this record: its buffer goes back to the pool for the next sampling call."""
+        _POOL.clear()
+        _POOL[(tuple(self.buffer.shape), self.buffer.dtype, self.buffer.device)] = self.buffer
+        self.buffer, self.comp, self.prompt = None, [], []
+
+
+_POOL: dict[tuple, torch.Tensor] = {}
+
+
+def _take(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A buffer from the pool when one of this shape was released, else fresh zeros."""
+    buf = _POOL.pop((shape, dtype, torch.device(device)), None)
+    return buf if buf is not None else torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _versions(model) -> tuple[int, ...]:
+    return tuple(p._version for p in model.parameters())
+
+
+class _RecordedProjection(torch.autograd.Function):
+    """y = x [W_1; W_2; ...]^T + [b_1; b_2; ...] with y given: forward returns it, backward is linear's."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, y: torch.Tensor, *params):          # params: W_1, b_1, W_2, b_2, ...
+        weights = params[0::2]
+        ctx.save_for_backward(x, *weights)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, *weights = ctx.saved_tensors
+        need_w, need_b = ctx.needs_input_grad[2::2], ctx.needs_input_grad[3::2]
+        dy2 = dy.reshape(-1, dy.shape[-1])                                # [rows, D_out]
+        W = weights[0] if len(weights) == 1 else torch.cat(weights)      # [D_out, D_in]
+        dx = (dy2 @ W).view(x.shape) if ctx.needs_input_grad[0] else None
+        dW = dy2.t() @ x.reshape(-1, x.shape[-1]) if any(need_w) else None  # [D_out, D_in]
+        db = dy2.sum(0) if any(need_b) else None
+        grads: list[torch.Tensor | None] = [dx, None]
+        start = 0
+        for i, w in enumerate(weights):                                   # each weight's block of rows
+            end = start + w.shape[0]
+            grads += [dW[start:end] if need_w[i] else None, db[start:end] if need_b[i] else None]
+            start = end
+        return tuple(grads)
+
+
+def _project(x: torch.Tensor, y: torch.Tensor, *mods) -> torch.Tensor:
+    params = [t for m in mods for t in (m.weight, m.bias)]
+    return _RecordedProjection.apply(x, y, *params)
+
+
+def _rotary(dec, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, signed sin [n, 1, L, hd] (rotate_half(x) * sin == roll(x, hd/2) * [-sin_1, sin_2])."""
+    cos, sin = dec.rotary_emb(h, pos)
+    half = sin.shape[-1] // 2
+    return cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], -1)[:, None]
+
+
+def _layer(layer, cfg, h, rec: dict[str, torch.Tensor], cos, sin, mask, past: tuple | None):
+    """One decoder layer with autograd, projections from the record. Returns (h, (k, v))."""
+    from .sampler import _rms
+
+    a, m = layer.self_attn, layer.mlp
+    n, L, _ = h.shape
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, a.head_dim
+    eps = layer.input_layernorm.variance_epsilon
+    x = _rms(h, layer.input_layernorm.weight, eps)
+    qkv = _project(x, rec["qkv"], a.q_proj, a.k_proj, a.v_proj).view(n, L, nh + 2 * nkv, hd).transpose(1, 2)
+    qk, v = qkv[:, :nh + nkv], qkv[:, nh + nkv:]                          # [n, heads, L, hd]
+    if getattr(a, "q_norm", None) is not None:
+        qk = torch.cat([_rms(qk[:, :nh], a.q_norm.weight, eps), _rms(qk[:, nh:], a.k_norm.weight, eps)], 1)
+    qk = qk * cos + qk.roll(hd // 2, -1) * sin
+    q, k = qk[:, :nh], qk[:, nh:]
+    kv = (k, v)
+    if past is not None:                                                  # completion pass: prompt keys first
+        k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+    att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scaling, enable_gqa=nkv != nh)
+    h = h + _project(att.transpose(1, 2).reshape(n, L, nh * hd), rec["o"], a.o_proj)
+    gate, up = _project(_rms(h, layer.post_attention_layernorm.weight, eps), rec["gu"], m.gate_proj,
+                        m.up_proj).chunk(2, -1)
+    return h + _project(m.act_fn(gate) * up, rec["down"], m.down_proj), kv
+
+
+def _rows_view(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """t[rows] as a view when rows are consecutive (the usual whole-batch micro-batch), else a gather."""
+    n = rows.numel()
+    if n and bool((rows == rows[0] + torch.arange(n, device=rows.device)).all()):
+        return t[int(rows[0]):int(rows[0]) + n]
+    return t.index_select(0, rows)
+
+
+def reused_logprobs(model, record: ActivationRecord, rows: torch.Tensor, input_ids: torch.Tensor,
+                    attention_mask: torch.Tensor, completion_length: int, temperature: float = 1.0,
+                    chunk_rows: int = 1024, return_entropy: bool = False):
+    """`per_token_logprobs` for rollout rows `rows`, the projections taken from `record`.
+
+    input_ids, attention_mask: [n, P' + T], the rows' prompts (trimmed on the left to P' columns) and
+    completions trimmed to T, as `update.rows_logprobs` builds them. Returns [n, T] (and entropy [n, T]).
+    """
+    T, dec, cfg = completion_length, model.get_decoder(), model.config
+    Pp = input_ids.shape[1] - T
+    P0 = record.prompt_ids.shape[1] - Pp                                  # columns trimmed on the left
+    uniq, inv = torch.unique(rows // record.group_size, return_inverse=True)  # prompts of these rows
+    p_ids, p_mask = record.prompt_ids[uniq, P0:], record.prompt_mask[uniq, P0:]
+    U = uniq.numel()
+    keep = torch.ones(Pp, Pp, dtype=torch.bool, device=p_ids.device).tril()[None] & p_mask.bool()[:, None, :]
+    keep |= torch.eye(Pp, dtype=torch.bool, device=p_ids.device)          # pad queries see themselves
+    hp = dec.embed_tokens(p_ids)                                          # [U, P', H]
+    cos_p, sin_p = _rotary(dec, hp, position_ids_from_mask(p_mask))
+    L = T - 1                                                             # completion inputs
+    if L:
+        hc = dec.embed_tokens(input_ids[:, Pp:-1])                        # [n, L, H]
+        c_pos = p_mask.sum(-1).index_select(0, inv)[:, None] + torch.arange(L, device=hp.device)
+        cos_c, sin_c = _rotary(dec, hc, c_pos)
+        key_ok = torch.cat([p_mask.index_select(0, inv), attention_mask[:, Pp:-1]], 1).bool()  # [n, P'+L]
+        causal = torch.arange(Pp + L, device=hp.device)[None] <= Pp + torch.arange(L, device=hp.device)[:, None]
+        c_mask = (key_ok[:, None, :] & causal[None])[:, None]             # [n, 1, L, P'+L]
+    for i, layer in enumerate(dec.layers):
+        rec_p = {k: v.index_select(0, uniq)[:, P0:] if v.shape[0] != U or P0 else v
+                 for k, v in record.prompt[i].items()}
+        hp, (k, v) = _layer(layer, cfg, hp, rec_p, cos_p, sin_p, keep[:, None], None)
+        if L:
+            rec_c = {k2: _rows_view(v2, rows)[:, :L] for k2, v2 in record.comp[i].items()}
+            past = (k.index_select(0, inv), v.index_select(0, inv))
+            hc, _ = _layer(layer, cfg, hc, rec_c, cos_c, sin_c, c_mask, past)
+    from .sampler import _rms
+
+    last = hp[:, -1:].index_select(0, inv)                                # [n, 1, H] predicts token 0
+    hidden = torch.cat([last, hc], 1) if L else last                      # [n, T, H]
+    hidden = _rms(hidden, dec.norm.weight, dec.norm.variance_epsilon)
+    head = model.get_output_embeddings()
+    return head_logprobs(hidden, input_ids[:, -T:], head.weight, head.bias, temperature, chunk_rows, return_entropy)

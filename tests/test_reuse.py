@@ -1,0 +1,188 @@
+"""The update's forward that reuses the sampler's projection outputs (grpokit.reuse) against the plain pass."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+from grpokit import reuse, trainer, update
+from grpokit.bench import VOCAB, bench_prompts, build_tokenizer
+from grpokit.config import build_config
+from grpokit.logprobs import per_token_logprobs
+from grpokit.rollout import sample_groups
+
+ARCHS = {
+    "qwen2": (Qwen2Config, {}),                                           # q/k/v biases, GQA
+    "llama": (LlamaConfig, {}),                                           # no biases
+    "qwen3": (Qwen3Config, {"head_dim": 16}),                             # q/k norms
+}
+
+
+def build(arch: str, tok, mean_length: float = 0.0, seed: int = 0):
+    """A random-init model of `arch` (hidden 64, 2 layers, 4 heads / 2 KV heads); mean_length > 0 adds an
+    EOS bias to the lm-head so completions stop at spread-out lengths."""
+    from transformers import AutoModelForCausalLM
+
+    cls, extra = ARCHS[arch]
+    cfg = cls(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=128, max_position_embeddings=512, eos_token_id=tok.eos_token_id,
+              pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, tie_word_embeddings=False, **extra)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if mean_length:
+        head = torch.nn.Linear(64, VOCAB, bias=True)
+        head.weight = model.lm_head.weight
+        with torch.no_grad():
+            head.bias.zero_()
+            p = 1.0 / mean_length
+            head.bias[tok.eos_token_id] = math.log(p * (VOCAB - 1) / (1 - p))
+        model.lm_head = head
+    return model.train()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def prompts() -> list[str]:
+    p = bench_prompts(3)
+    p[1] = "a longer prompt, so the batch is left-padded: " + p[1]
+    return p
+
+
+def grads(model, fn) -> tuple[torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    lp = fn()
+    (lp * torch.linspace(0.5, 1.5, lp.shape[1])).sum().backward()        # unequal weights per position
+    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_close_grads(a: dict, b: dict, tol: float = 1e-5) -> None:
+    assert a.keys() == b.keys()
+    for n in a:
+        scale = float(a[n].abs().max()) or 1.0
+        assert float((a[n] - b[n]).abs().max()) <= tol * scale, n
+
+
+def reused(model, r, rows):
+    mask = r.completion_mask[rows]
+    T = int(mask.sum(-1).max())
+    ids = torch.cat([r.prompt_ids[rows], r.completion_ids[rows, :T]], 1)
+    att = torch.cat([r.prompt_mask[rows], mask[:, :T]], 1)
+    return ids, att, T
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("natural", [False, True])
+def test_reused_forward_equals_the_plain_pass(arch, natural, tok):
+    model = build(arch, tok, mean_length=5.0 if natural else 0.0)
+    torch.manual_seed(1)
+    r = sample_groups(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=not natural, keep_activations=True)
+    assert isinstance(r.activations, reuse.ActivationRecord) and r.activations.usable(model)
+    if natural:   # rows finished early and were dropped from the decode batch
+        assert len(set(r.completion_lengths.tolist())) >= 4 and int(r.completion_lengths.min()) < 6
+    for rows in (torch.arange(12), torch.tensor([1, 2, 5, 9, 11])):   # the whole batch, and scattered rows
+        ids, att, T = reused(model, r, rows)
+        m = r.completion_mask[rows, :T]
+        lp_plain, g_plain = grads(model, lambda: per_token_logprobs(model, ids, att, T) * m)
+        lp_reuse, g_reuse = grads(model, lambda: reuse.reused_logprobs(model, r.activations, rows, ids, att, T) * m)
+        assert torch.allclose(lp_plain, lp_reuse, atol=1e-5, rtol=0)
+        assert_close_grads(g_plain, g_reuse)
+
+
+def test_a_reused_buffer_holding_garbage_changes_nothing(tok):
+    """The second record takes the first one's buffer; slots it does not write must never be read."""
+    model = build("qwen2", tok, mean_length=4.0)
+    torch.manual_seed(2)
+    sample_groups(model, tok, prompts(), 4, 12, backend="fast", keep_activations=True).activations.release()
+    (buf,) = reuse._POOL.values()
+    buf.fill_(float("nan"))                                               # whatever a previous step left
+    torch.manual_seed(3)
+    r = sample_groups(model, tok, prompts(), 4, 12, backend="fast", keep_activations=True)
+    assert r.activations.buffer.data_ptr() == buf.data_ptr()              # the pooled buffer was reused
+    rows = torch.arange(12)
+    ids, att, T = reused(model, r, rows)
+    m = r.completion_mask[:, :T]
+    _, g_plain = grads(model, lambda: per_token_logprobs(model, ids, att, T) * m)
+    _, g_reuse = grads(model, lambda: reuse.reused_logprobs(model, r.activations, rows, ids, att, T) * m)
+    assert all(torch.isfinite(g).all() for g in g_reuse.values())
+    assert_close_grads(g_plain, g_reuse)
+
+
+def test_a_record_is_refused_once_the_weights_or_the_model_change(tok):
+    model = build("qwen2", tok)
+    r = sample_groups(model, tok, prompts(), 2, 4, backend="fast", suppress_eos=True, keep_activations=True)
+    assert r.activations.usable(model) and r.activations.usable(model, r)
+    assert not r.activations.usable(build("qwen2", tok))                  # another model
+    edited = dataclasses.replace(r, completion_ids=r.completion_ids.clone())
+    edited.completion_ids[1, 2] += 1                                      # a token changed after sampling
+    assert not r.activations.usable(model, edited)
+    edited.completion_ids[1, 2] -= 1
+    assert r.activations.usable(model, edited)                            # the same tokens again
+    model.config.attention_dropout = 0.1                                  # dropout in train mode: not the sampled forward
+    assert not r.activations.usable(model)
+    model.config.attention_dropout = 0.0
+    with torch.no_grad():
+        next(model.parameters()).add_(1e-3)                              # an optimizer step bumps the versions
+    assert not r.activations.usable(model)
+
+
+def test_no_record_where_it_cannot_be_used(tok):
+    model = build("qwen2", tok)
+    kw = dict(backend="fast", suppress_eos=True)
+    assert sample_groups(model, tok, prompts(), 2, 4, **kw).activations is None   # not asked for
+    assert sample_groups(model, tok, prompts(), 2, 4, backend="generate", keep_activations=True).activations is None
+    assert sample_groups(model, tok, prompts(), 2, 4, generation_batch_size=2, keep_activations=True,
+                         **kw).activations is None                       # several decode calls
+    model.lm_head = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(64, VOCAB))  # not the lean path
+    assert sample_groups(model, tok, prompts(), 2, 4, keep_activations=True, **kw).activations is None
+    cfg = build_config({})
+    plain = build("qwen2", tok)
+    assert update.reuses_activations(cfg, 1, plain)
+    assert not update.reuses_activations(cfg, 2, plain)                   # several processes
+    for key, value in (("rollout.reuse_activations", False), ("rollout.dynamic_sampling", True),
+                       ("rollout.backend", "generate"), ("loss.algorithm", "ppo")):
+        assert not update.reuses_activations(build_config({key: value}), 1, plain), key
+    plain.gradient_checkpointing_enable()
+    assert not update.reuses_activations(cfg, 1, plain)
+
+
+DENSE = "tests.test_guards:dense_reward"   # rewards differ within every group: every step moves the weights
+
+
+def run_steps(reuse_on: bool, monkeypatch, calls: list, iterations: int = 1) -> dict:
+    """Two GRPO steps on the built-in tiny model, micro-batches of 4 rows; weights before and after."""
+    cfg = build_config({"model.name_or_path": "builtin:tiny-random", "task.num_train": 16, "task.num_eval": 4,
+                        "rollout.prompts_per_step": 2, "rollout.num_generations": 4, "reward.funcs": {DENSE: 1.0},
+                        "rollout.max_completion_length": 10, "optim.micro_batch_size": 4,
+                        "optim.learning_rate": 1e-2, "loss.num_iterations": iterations, "loss.beta": 0.04,
+                        "rollout.reuse_activations": reuse_on, "run.eval_limit": 0, "run.progress": False})
+    real = reuse.reused_logprobs                                         # the unpatched function
+    monkeypatch.setattr(update, "reused_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    state = trainer.build_state(cfg)
+    before = {n: p.detach().clone() for n, p in state.model.named_parameters()}
+    losses = [trainer.train_step(state)["loss"] for _ in range(2)]
+    return {"losses": losses, "before": before,
+            "after": {n: p.detach().clone() for n, p in state.model.named_parameters()}}
+
+
+def test_training_with_reuse_matches_training_without(monkeypatch):
+    calls_on, calls_off = [], []
+    on = run_steps(True, monkeypatch, calls_on)
+    off = run_steps(False, monkeypatch, calls_off)
+    assert len(calls_on) == 2 * 2 and not calls_off                       # 8 rows in micro-batches of 4, 2 steps
+    assert on["losses"] == pytest.approx(off["losses"], abs=1e-5)
+    for n, w in off["after"].items():   # Adam amplifies rounding on near-zero gradients: compare to the step size
+        moved = float((w - off["before"][n]).abs().max())
+        assert moved > 0 and float((on["after"][n] - w).abs().max()) <= 1e-2 * moved, n
+
+
+def test_only_the_first_of_several_iterations_reuses(monkeypatch):
+    calls_one, calls_two = [], []
+    run_steps(True, monkeypatch, calls_one, iterations=1)
+    run_steps(True, monkeypatch, calls_two, iterations=2)
+    assert calls_one and calls_two == calls_one                           # iteration 2 runs the plain pass
