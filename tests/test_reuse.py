@@ -93,16 +93,21 @@ def test_reused_forward_equals_the_plain_pass(arch, natural, tok):
         assert_close_grads(g_plain, g_reuse)
 
 
-def test_a_reused_buffer_holding_garbage_changes_nothing(tok):
-    """The second record takes the first one's buffer; slots it does not write must never be read."""
+def test_slots_left_unwritten_are_never_read(tok, monkeypatch):
+    """The record's buffers start uninitialized: fill them with NaN before decoding; nothing may change."""
+    init = reuse.ActivationRecord.__init__
+
+    def nan_init(self, *a, **k):
+        init(self, *a, **k)
+        for layer in self.comp:
+            for buf in layer.values():
+                buf.fill_(float("nan"))
+
+    monkeypatch.setattr(reuse.ActivationRecord, "__init__", nan_init)
     model = build("qwen2", tok, mean_length=4.0)
-    torch.manual_seed(2)
-    sample_groups(model, tok, prompts(), 4, 12, backend="fast", keep_activations=True).activations.release()
-    (buf,) = reuse._POOL.values()
-    buf.fill_(float("nan"))                                               # whatever a previous step left
     torch.manual_seed(3)
     r = sample_groups(model, tok, prompts(), 4, 12, backend="fast", keep_activations=True)
-    assert r.activations.buffer.data_ptr() == buf.data_ptr()              # the pooled buffer was reused
+    assert int(r.completion_lengths.min()) < 4 < int(r.completion_lengths.max())  # rows left the batch early
     rows = torch.arange(12)
     ids, att, T = reused(model, r, rows)
     m = r.completion_mask[:, :T]
@@ -110,6 +115,19 @@ def test_a_reused_buffer_holding_garbage_changes_nothing(tok):
     _, g_reuse = grads(model, lambda: reuse.reused_logprobs(model, r.activations, rows, ids, att, T) * m)
     assert all(torch.isfinite(g).all() for g in g_reuse.values())
     assert_close_grads(g_plain, g_reuse)
+
+
+def test_consuming_drops_what_backward_does_not_need(tok):
+    model = build("qwen2", tok)
+    r = sample_groups(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, keep_activations=True)
+    rows = torch.arange(12)
+    ids, att, T = reused(model, r, rows)
+    _, g_plain = grads(model, lambda: per_token_logprobs(model, ids, att, T))
+    _, g_reuse = grads(model, lambda: reuse.reused_logprobs(model, r.activations, rows, ids, att, T, consume=True))
+    assert_close_grads(g_plain, g_reuse)
+    assert all(set(layer) == {"gu"} for layer in r.activations.comp)   # q/k/v, o, down freed during forward
+    r.activations.release()
+    assert not r.activations.usable(model)
 
 
 def test_a_record_is_refused_once_the_weights_or_the_model_change(tok):
@@ -130,7 +148,7 @@ def test_a_record_is_refused_once_the_weights_or_the_model_change(tok):
     assert not r.activations.usable(model)
 
 
-def test_no_record_where_it_cannot_be_used(tok):
+def test_no_record_where_it_cannot_be_used(tok, monkeypatch):
     model = build("qwen2", tok)
     kw = dict(backend="fast", suppress_eos=True)
     assert sample_groups(model, tok, prompts(), 2, 4, **kw).activations is None   # not asked for
@@ -139,13 +157,20 @@ def test_no_record_where_it_cannot_be_used(tok):
                          **kw).activations is None                       # several decode calls
     model.lm_head = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(64, VOCAB))  # not the lean path
     assert sample_groups(model, tok, prompts(), 2, 4, keep_activations=True, **kw).activations is None
-    cfg = build_config({})
+    on = {"rollout.reuse_activations": True}
+    cfg = build_config(on)
     plain = build("qwen2", tok)
     assert update.reuses_activations(cfg, 1, plain)
     assert not update.reuses_activations(cfg, 2, plain)                   # several processes
     for key, value in (("rollout.reuse_activations", False), ("rollout.dynamic_sampling", True),
                        ("rollout.backend", "generate"), ("loss.algorithm", "ppo")):
-        assert not update.reuses_activations(build_config({key: value}), 1, plain), key
+        assert not update.reuses_activations(build_config({**on, key: value}), 1, plain), key
+    auto = build_config({})                                               # the default: auto, by model size
+    assert not update.reuses_activations(auto, 1, plain)                  # ~0.1M parameters: it would not pay
+    monkeypatch.setattr(update, "REUSE_MIN_PARAMS", sum(p.numel() for p in plain.parameters()))
+    assert update.reuses_activations(auto, 1, plain)
+    with pytest.raises(ValueError, match="rollout.reuse_activations must be true, false or auto"):
+        build_config({"rollout.reuse_activations": "sometimes"})
     plain.gradient_checkpointing_enable()
     assert not update.reuses_activations(cfg, 1, plain)
 

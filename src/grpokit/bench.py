@@ -170,7 +170,7 @@ def run_grpokit(args) -> dict:
     cfg = build_config({"loss.beta": args.beta, "loss.loss_type": "grpo", "rollout.num_generations": args.num_generations,
                         "rollout.prompts_per_step": args.prompts, "rollout.max_completion_length": L,
                         "optim.learning_rate": 1e-6, "run.max_steps": args.steps,
-                        "rollout.reuse_activations": not args.no_reuse, "rollout.backend": args.backend})
+                        "rollout.reuse_activations": args.reuse, "rollout.backend": args.backend})
     ref = frozen_reference(model) if args.beta > 0 else None
     opt, sched = make_optimizer(model, cfg)
     state = TrainState(cfg, model, tok, ref, opt, sched, [], None)
@@ -234,8 +234,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="first steps left out of the figures")
     p.add_argument("--beta", type=float, default=0.04, help="KL coefficient (0: no reference forward)")
     p.add_argument("--backend", default="auto", choices=("auto", "fast", "generate"), help="grpokit sampler")
-    p.add_argument("--no-reuse", action="store_true",
-                   help="rollout.reuse_activations=false: the update recomputes the sampler's projections")
+    p.add_argument("--reuse", default="auto", type=lambda v: {"true": True, "false": False}.get(v, v),
+                   choices=(True, False, "auto"), metavar="{auto,true,false}",
+                   help="rollout.reuse_activations (default auto)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="both sides recompute activations")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)

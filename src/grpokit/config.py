@@ -79,9 +79,9 @@ class RolloutConfig:
     top_k: int = _f(0, "keep the k most likely tokens; 0 keeps all")
     backend: str = _f("auto", "auto | fast (grpokit's KV-cache sampler) | generate (model.generate) | vllm")
     generation_batch_size: int = _f(0, "completions decoded at once; 0 = the whole batch")
-    reuse_activations: bool = _f(True, "fast sampler, one process: the first update's forward takes the "
-                                 "projection outputs the sampler computed (grpokit.reuse) instead of "
-                                 "recomputing them; costs their memory from sampling to update")
+    reuse_activations: bool | str = _f("auto", "the first update's forward takes the projection outputs the "
+                                       "fast sampler computed (grpokit.reuse; one process): auto (models of "
+                                       ">= 5M parameters, where it pays) | true | false")
     dynamic_sampling: bool = _f(False, "DAPO: drop groups whose rewards are all equal, resample")
     max_resample_rounds: int = _f(3, "bound on extra generation rounds for dynamic sampling")
     vllm_mode: str = _f("colocate", "backend=vllm: colocate (an LLM engine in each training process, slept "

@@ -29,15 +29,18 @@ PROJECTIONS = ("qkv", "o", "gu", "down")
 
 
 class ActivationRecord:
-    """Projection outputs of one sampling call, per layer: prompts [B, P, D] and completions [N, T-1, D].
+    """Projection outputs of one sampling call, per layer: prompts [B, P, D] and completions [T-1, N, D]
+    (slot-major, so each decode step writes one contiguous block).
 
     Completion slot t holds the outputs for input token t (the token sampled at step t, fed at step
-    t + 1); the last sampled token is never fed, hence T - 1 slots. The slots of a row after it was
-    dropped (finished) are zeroed, so every slot is finite; the loss masks them out.
+    t + 1); the last sampled token is never fed, hence T - 1 slots. The buffers are not initialized:
+    the slots of a row after it left the decode batch (finished) are zeroed, slots past the last step
+    are never read, and every slot read is finite (a masked position times garbage could be NaN).
 
-    The completion buffer is large (the forward activations of the whole batch) and the same size every
-    step, so `release` hands it back to a one-entry pool and the next record takes it: a fresh buffer
-    would cost the first-touch page faults of its memory every step (~8% of sampling on the bench model).
+    Memory: the forward's projection outputs of the whole batch. q/k/v, o and down are only needed by
+    the forward (backward needs their inputs, which it recomputes), so `reused_logprobs(consume=True)`
+    drops each layer's as soon as that layer has run; gate/up stay (SiLU's backward needs them, as in
+    the plain pass), so the update's peak is that of the plain pass.
     """
 
     def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
@@ -48,11 +51,7 @@ class ActivationRecord:
         self.versions = _versions(model)
         self.prompt_ids, self.prompt_mask, self.group_size = prompt_ids, prompt_mask, group_size
         self.prompt: list[dict[str, torch.Tensor]] = [{} for _ in range(n_layers)]
-        self.buffer = _take((n_layers, N, slots, sum(dims.values())), w.dtype, w.device)
-        self.comp: list[dict[str, torch.Tensor]] = []
-        for i in range(n_layers):                                         # per-projection views [N, slots, D]
-            offsets = torch.tensor([0, *dims.values()]).cumsum(0).tolist()
-            self.comp.append({k: self.buffer[i, :, :, offsets[j]:offsets[j + 1]] for j, k in enumerate(dims)})
+        self.comp = [{k: _buffer(k, (slots, N, d), w) for k, d in dims.items()} for _ in range(n_layers)]
         self.rows: torch.Tensor | None = None                            # live rows while decoding (None = all)
         self.completion_ids: torch.Tensor | None = None                  # [N, T'] the sampled tokens, once done
 
@@ -61,15 +60,17 @@ class ActivationRecord:
         if step is None:
             self.prompt[layer][name] = y
         elif self.rows is None:
-            self.comp[layer][name][:, step] = y[:, 0]
+            self.comp[layer][name][step] = y[:, 0]
         else:
-            self.comp[layer][name][self.rows, step] = y[:, 0]
+            self.comp[layer][name][step, self.rows] = y[:, 0]
 
     def keep_rows(self, keep: torch.Tensor, step: int) -> None:
-        """Rows not in `keep` are not fed from `step` on: zero those slots (a reused buffer holds old values)."""
-        live = torch.arange(self.buffer.shape[1]) if self.rows is None else self.rows
+        """Rows not in `keep` are not fed from `step` on: zero those slots (the buffers start uninitialized)."""
+        live = torch.arange(self.comp[0]["o"].shape[1]) if self.rows is None else self.rows
         dropped = live[~torch.isin(torch.arange(live.numel()), keep)]
-        self.buffer[:, dropped, step:] = 0
+        for layer in self.comp:
+            for buf in layer.values():
+                buf[step:, dropped] = 0
         self.rows = live[keep]
 
     def usable(self, model, rollout=None) -> bool:
@@ -77,7 +78,7 @@ class ActivationRecord:
         and, when given, `rollout` (the same prompts, and the tokens it was fed wherever the mask is on)."""
         cfg = getattr(model, "config", None)
         dropout = float(getattr(cfg, "attention_dropout", 0.0) or 0.0) if model.training else 0.0
-        if id(model) != self.model_id or dropout != 0.0 or _versions(model) != self.versions:
+        if not self.comp or id(model) != self.model_id or dropout != 0.0 or _versions(model) != self.versions:
             return False
         return rollout is None or self._fed(rollout)
 
@@ -91,19 +92,28 @@ class ActivationRecord:
         return bool((ids == fed[:, :ids.shape[1]])[mask].all())
 
     def release(self) -> None:
-        """Done with this record: its buffer goes back to the pool for the next sampling call."""
+        """The record is spent (call it after the backward that used it): the gate/up buffers go to the
+        pool for the next record, everything else is dropped."""
         _POOL.clear()
-        _POOL[(tuple(self.buffer.shape), self.buffer.dtype, self.buffer.device)] = self.buffer
-        self.buffer, self.comp, self.prompt = None, [], []
+        for layer in self.comp:
+            if "gu" in layer:
+                _POOL.setdefault(_key(layer["gu"]), []).append(layer["gu"])
+        self.comp, self.prompt = [], []
 
 
-_POOL: dict[tuple, torch.Tensor] = {}
+# Released gate/up buffers, reused by the next record of the same shape: writing into fresh memory costs
+# its first-touch page faults (~0.1 s a step on the small bench model). Only gate/up: q/k/v, o and down
+# are freed during the forward (`consume`), and pooling them would keep them through backward.
+_POOL: dict[tuple, list[torch.Tensor]] = {}
 
 
-def _take(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A buffer from the pool when one of this shape was released, else fresh zeros."""
-    buf = _POOL.pop((shape, dtype, torch.device(device)), None)
-    return buf if buf is not None else torch.zeros(shape, dtype=dtype, device=device)
+def _key(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.dtype, t.device
+
+
+def _buffer(name: str, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    pooled = _POOL.get((shape, like.dtype, like.device)) if name == "gu" else None
+    return pooled.pop() if pooled else torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
 def _versions(model) -> tuple[int, ...]:
@@ -175,20 +185,22 @@ def _layer(layer, cfg, h, rec: dict[str, torch.Tensor], cos, sin, mask, past: tu
 
 
 def _rows_view(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """t[rows] as a view when rows are consecutive (the usual whole-batch micro-batch), else a gather."""
+    """t[:, rows] as a view when rows are consecutive (the usual whole-batch micro-batch), else a gather."""
     n = rows.numel()
     if n and bool((rows == rows[0] + torch.arange(n, device=rows.device)).all()):
-        return t[int(rows[0]):int(rows[0]) + n]
-    return t.index_select(0, rows)
+        return t[:, int(rows[0]):int(rows[0]) + n]
+    return t.index_select(1, rows)
 
 
 def reused_logprobs(model, record: ActivationRecord, rows: torch.Tensor, input_ids: torch.Tensor,
                     attention_mask: torch.Tensor, completion_length: int, temperature: float = 1.0,
-                    chunk_rows: int = 1024, return_entropy: bool = False):
+                    chunk_rows: int = 1024, return_entropy: bool = False, consume: bool = False):
     """`per_token_logprobs` for rollout rows `rows`, the projections taken from `record`.
 
     input_ids, attention_mask: [n, P' + T], the rows' prompts (trimmed on the left to P' columns) and
     completions trimmed to T, as `update.rows_logprobs` builds them. Returns [n, T] (and entropy [n, T]).
+    consume: the last use of the record: each layer's q/k/v, o and down outputs are dropped once the
+    layer has run (backward does not need them), so they do not add to the peak memory of backward.
     """
     T, dec, cfg = completion_length, model.get_decoder(), model.config
     Pp = input_ids.shape[1] - T
@@ -213,9 +225,14 @@ def reused_logprobs(model, record: ActivationRecord, rows: torch.Tensor, input_i
                  for k, v in record.prompt[i].items()}
         hp, (k, v) = _layer(layer, cfg, hp, rec_p, cos_p, sin_p, keep[:, None], None)
         if L:
-            rec_c = {k2: _rows_view(v2, rows)[:, :L] for k2, v2 in record.comp[i].items()}
+            rec_c = {k2: _rows_view(v2[:L], rows).transpose(0, 1) for k2, v2 in record.comp[i].items()}  # [n, L, D]
             past = (k.index_select(0, inv), v.index_select(0, inv))
             hc, _ = _layer(layer, cfg, hc, rec_c, cos_c, sin_c, c_mask, past)
+        if consume:
+            for part in (record.prompt[i], record.comp[i]):
+                for name in ("qkv", "o", "down"):
+                    part.pop(name, None)
+            rec_p = rec_c = None
     from .sampler import _rms
 
     last = hp[:, -1:].index_select(0, inv)                                # [n, 1, H] predicts token 0

@@ -23,21 +23,31 @@ if TYPE_CHECKING:
     from .trainer import TrainState
 
 
+# rollout.reuse_activations=auto: below this many parameters the reused forward's extra Python work per
+# layer (and the sampler's recording) costs more than the projection matmuls it saves (bench, 2-core CPU:
+# the 1.1M "tiny" model lost ~10% a step, the 24M "small" one gained 10-20%).
+REUSE_MIN_PARAMS = 5_000_000
+
+
 def reuses_activations(cfg: GRPOConfig, world_size: int, model) -> bool:
     """Whether sampling should record activations for the update (`grpokit.reuse`): one process, the
-    built-in sampler, GRPO's update, no dynamic sampling (its resampled batches are merged), and no
-    gradient checkpointing (which asks for less memory than a record holds)."""
+    built-in sampler, GRPO's update, no dynamic sampling (its resampled batches are merged), no
+    gradient checkpointing (which asks for less memory than a record holds), and with "auto" a model
+    large enough for it to pay."""
     r = cfg.rollout
-    return (r.reuse_activations and world_size == 1 and r.backend in ("auto", "fast") and not r.dynamic_sampling
+    if not r.reuse_activations or (r.reuse_activations == "auto"
+                                   and sum(p.numel() for p in model.parameters()) < REUSE_MIN_PARAMS):
+        return False
+    return (world_size == 1 and r.backend in ("auto", "fast") and not r.dynamic_sampling
             and cfg.loss.algorithm == "grpo" and not checkpointing_enabled(model))
 
 
 def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperature: float, fn=per_token_logprobs,
-                  record=None, **kw):
+                  record=None, consume: bool = False, **kw):
     """Log-probs for some rows (a slice or an index tensor), trimmed to their longest prompt and completion.
 
     record: the sampler's `ActivationRecord` of these weights (rows must be an index tensor): the forward
-    takes its projection outputs (`grpokit.reuse.reused_logprobs`) instead of `fn`.
+    takes its projection outputs (`grpokit.reuse.reused_logprobs`) instead of `fn`; consume: its last use.
     """
     mask = rollout.completion_mask[rows]
     T = int(mask.sum(-1).max()) if mask.numel() else 0
@@ -47,7 +57,7 @@ def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperatu
     ids = torch.cat([rollout.prompt_ids[rows, P0:], rollout.completion_ids[rows, :T]], dim=1)
     att = torch.cat([p_mask[:, P0:], mask[:, :T]], dim=1)
     if record is not None:
-        return reused_logprobs(model, record, rows, ids, att, T, temperature=temperature, **kw), T
+        return reused_logprobs(model, record, rows, ids, att, T, temperature=temperature, consume=consume, **kw), T
     return fn(model, ids, att, T, temperature=temperature, **kw), T  # fn: through DDP/FSDP when distributed
 
 
@@ -97,7 +107,8 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
             rows = rows.to(loss_mask.device)
             dist.sync_grads(state.model, g == n_micro - 1)   # reduce over ranks on the last micro-batch only
             (new_lp, entropy), T = rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature,
-                                                  fn=logprobs_fn, record=use, return_entropy=True)
+                                                  fn=logprobs_fn, record=use, consume=n_micro == 1,
+                                                  return_entropy=True)
             m = loss_mask[rows, :T]
             a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
             tis, tis_mets = None, {}

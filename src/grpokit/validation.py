@@ -59,6 +59,8 @@ def _check_rollout(cfg: GRPOConfig) -> None:
     _check(0 < r.vllm_gpu_memory_utilization <= 1,
            f"rollout.vllm_gpu_memory_utilization must be in (0, 1], got {r.vllm_gpu_memory_utilization}")
     _check(cfg.loss.tis_cap >= 1, f"loss.tis_cap must be >= 1 (weights above it are truncated), got {cfg.loss.tis_cap}")
+    _check(r.reuse_activations in (False, True, "auto"),
+           f"rollout.reuse_activations must be true, false or auto, got {r.reuse_activations!r}")
     for name, value in (("generation_batch_size", r.generation_batch_size),):
         _check(value >= 0, f"rollout.{name} must be >= 0 (0 = whole batch), got {value}")
         _check(value == 0 or value % r.num_generations == 0,
