@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-from grpokit import reuse, trainer, update
+from grpokit import logprobs, reuse, trainer, update
 from grpokit.bench import VOCAB, bench_prompts, build_tokenizer
 from grpokit.config import build_config
 from grpokit.logprobs import per_token_logprobs
@@ -169,6 +169,9 @@ def test_no_record_where_it_cannot_be_used(tok, monkeypatch):
     assert not update.reuses_activations(auto, 1, plain)                  # ~0.1M parameters: it would not pay
     monkeypatch.setattr(update, "REUSE_MIN_PARAMS", sum(p.numel() for p in plain.parameters()))
     assert update.reuses_activations(auto, 1, plain)
+    micro = build_config({"optim.micro_batch_size": 8})                 # 32 rows in micro-batches: memory first
+    assert not update.reuses_activations(micro, 1, plain)
+    assert update.reuses_activations(build_config({"optim.micro_batch_size": 8, **on}), 1, plain)
     with pytest.raises(ValueError, match="rollout.reuse_activations must be true, false or auto"):
         build_config({"rollout.reuse_activations": "sometimes"})
     plain.gradient_checkpointing_enable()
@@ -211,3 +214,65 @@ def test_only_the_first_of_several_iterations_reuses(monkeypatch):
     run_steps(True, monkeypatch, calls_one, iterations=1)
     run_steps(True, monkeypatch, calls_two, iterations=2)
     assert calls_one and calls_two == calls_one                           # iteration 2 runs the plain pass
+
+
+def test_resume_with_reuse_is_bit_identical(tmp_path, monkeypatch):
+    """A record never outlives its step, so a run resumed from a checkpoint repeats the uninterrupted one."""
+    from safetensors.torch import load_file
+
+    from grpokit.trainer import train_grpo
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)                                              # the same reductions in every run
+    try:
+        def cfg(out, **over):
+            return build_config({"model.name_or_path": "builtin:tiny-random", "task.num_train": 32, "task.num_eval": 4,
+                                 "rollout.prompts_per_step": 2, "rollout.num_generations": 4,
+                                 "reward.funcs": {DENSE: 1.0}, "rollout.max_completion_length": 8,
+                                 "rollout.reuse_activations": True, "optim.learning_rate": 3e-3, "run.max_steps": 4,
+                                 "run.save_steps": 2, "run.eval_limit": 0, "run.progress": False,
+                                 "run.output_dir": str(out), **over})
+        calls = []
+        real = reuse.reused_logprobs
+        monkeypatch.setattr(update, "reused_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+        train_grpo(cfg(tmp_path / "full"))
+        train_grpo(cfg(tmp_path / "cut", **{"run.max_steps": 2}))
+        train_grpo(cfg(tmp_path / "cut", **{"run.resume": True}))
+    finally:
+        torch.set_num_threads(n)
+    assert len(calls) == 8                                                # every step of the three runs reused
+    a = load_file(tmp_path / "full" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "cut" / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypatch):
+    from types import SimpleNamespace
+
+    from grpokit.distributed import Distributed
+
+    def plan(model, rollout, **over):
+        cfg = build_config({"rollout.num_generations": 4, "rollout.prompts_per_step": 3, **over})
+        return update.update_plan(SimpleNamespace(cfg=cfg, model=model, dist=Distributed()), rollout)
+
+    model = build("qwen2", tok)
+    fixed = sample_groups(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, keep_activations=True)
+    groups, record, last = plan(model, fixed)
+    assert record is fixed.activations and last and [g.tolist() for g in groups] == [list(range(12))]
+    groups, record, _ = plan(model, fixed, **{"optim.micro_batch_size": 4})
+    assert record is None and len(groups) == 3                            # micro-batches asked for: memory first
+    groups, record, last = plan(model, fixed, **{"optim.micro_batch_size": 4, "rollout.reuse_activations": True})
+    assert record is fixed.activations and not last and len(groups) == 3  # forced: held through 3 micro-batches
+
+    # a micro-batch's launch cost as for a ~100M-parameter model (the test model's 0.1M would make one
+    # micro-batch always cheapest)
+    monkeypatch.setattr(update, "launch_tokens", lambda n: 10.0)
+    monkeypatch.setattr(logprobs, "launch_tokens", lambda n: 10.0)
+    spread_model = build("qwen2", tok, mean_length=6.0)
+    torch.manual_seed(5)
+    spread = sample_groups(spread_model, tok, prompts(), 4, 40, backend="fast", keep_activations=True)
+    lengths = spread.completion_lengths + spread.prompt_mask.sum(-1)
+    assert float(lengths.float().mean()) < 0.6 * float(lengths.max())     # mostly padding if padded to the longest
+    groups, record, _ = plan(spread_model, spread, **{"rollout.max_completion_length": 40})
+    assert record is None and len(groups) > 1                             # the length buckets win
+    assert not spread.activations.usable(model)                           # (and a record is tied to its model)

@@ -81,7 +81,7 @@ class RolloutConfig:
     generation_batch_size: int = _f(0, "completions decoded at once; 0 = the whole batch")
     reuse_activations: bool | str = _f("auto", "the first update's forward takes the projection outputs the "
                                        "fast sampler computed (grpokit.reuse; one process): auto (models of "
-                                       ">= 5M parameters, where it pays) | true | false")
+                                       ">= 5M parameters, whole batch per micro-batch) | true | false")
     dynamic_sampling: bool = _f(False, "DAPO: drop groups whose rewards are all equal, resample")
     max_resample_rounds: int = _f(3, "bound on extra generation rounds for dynamic sampling")
     vllm_mode: str = _f("colocate", "backend=vllm: colocate (an LLM engine in each training process, slept "

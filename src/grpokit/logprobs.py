@@ -290,4 +290,9 @@ def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_
     if not by_length:
         return [torch.arange(s, min(s + max_rows, N)) for s in range(0, N, max_rows)]
     lengths = (prompt_mask.sum(-1) + completion_mask.sum(-1)).cpu()       # [N]
-    return length_buckets(lengths, max_rows, 1e9 / max(n_params, 1))
+    return length_buckets(lengths, max_rows, launch_tokens(n_params))
+
+
+def launch_tokens(n_params: int) -> float:
+    """The fixed cost of one micro-batch in token-slots (see `micro_batches`)."""
+    return 1e9 / max(n_params, 1)

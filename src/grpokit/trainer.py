@@ -33,7 +33,7 @@ from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
 from .lora import is_peft_model, reference_for, save_lora
 from .models import load_model_and_tokenizer, sync_reference
 from .rollout import Rollout, concat_rollouts, sample_groups
-from .update import forward_logprobs, policy_update, reuses_activations, skip_update
+from .update import forward_logprobs, policy_update, reuses_activations, skip_update, update_plan
 
 log = logging.getLogger("grpokit")
 
@@ -254,6 +254,8 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
     loss_mask = rollout.completion_mask.float()
     if lo.mask_truncated_completions:
         loss_mask = loss_mask * (~rollout.truncated).float()[:, None]     # no EOS: no loss
+    if rollout.activations is not None and update_plan(state, rollout)[1] is None:
+        rollout.activations = None       # reusing it would not pay for these lengths: free it before the passes
     ref_lp = old_lp = None
     if state.ref_model is not None:
         with timer("ref_forward"):

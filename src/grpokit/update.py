@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .logprobs import checkpointing_enabled, micro_batches, per_token_logprobs
+from .logprobs import checkpointing_enabled, launch_tokens, micro_batches, per_token_logprobs
 from .loss import grpo_objective_from_logprobs, truncated_is_weights
 from .metrics import PhaseTimer
 from .reuse import reused_logprobs
@@ -32,14 +32,52 @@ REUSE_MIN_PARAMS = 5_000_000
 def reuses_activations(cfg: GRPOConfig, world_size: int, model) -> bool:
     """Whether sampling should record activations for the update (`grpokit.reuse`): one process, the
     built-in sampler, GRPO's update, no dynamic sampling (its resampled batches are merged), no
-    gradient checkpointing (which asks for less memory than a record holds), and with "auto" a model
-    large enough for it to pay."""
-    r = cfg.rollout
-    if not r.reuse_activations or (r.reuse_activations == "auto"
-                                   and sum(p.numel() for p in model.parameters()) < REUSE_MIN_PARAMS):
+    gradient checkpointing (which asks for less memory than a record holds). "auto" also wants a model
+    large enough for it to pay and the whole batch in one micro-batch: then the record is consumed
+    layer by layer and the peak is the plain pass's; with micro-batches it would be held (all rows)
+    through every micro-batch's backward, more than the micro-batching saves."""
+    r, mb = cfg.rollout, cfg.optim.micro_batch_size
+    if r.reuse_activations == "auto" and (sum(p.numel() for p in model.parameters()) < REUSE_MIN_PARAMS
+                                          or 0 < mb < cfg.batch_size):
+        return False
+    if not r.reuse_activations:
         return False
     return (world_size == 1 and r.backend in ("auto", "fast") and not r.dynamic_sampling
             and cfg.loss.algorithm == "grpo" and not checkpointing_enabled(model))
+
+
+# With the projections reused, the update runs about 2/3 of a forward + backward's FLOPs (the forward's
+# projection matmuls, a third, are skipped).
+REUSE_COST = 2 / 3
+
+
+def update_plan(state: TrainState, rollout: Rollout) -> tuple[list[torch.Tensor], object | None, bool]:
+    """(micro-batches, the sampler's record to reuse or None, whether that use is its last).
+
+    The record needs every row in one micro-batch to be freed layer by layer (`reuse.reused_logprobs`
+    with consume); so with "auto" it is used when one micro-batch padded to the longest row at
+    REUSE_COST is cheaper (launch cost included) than the length buckets of the plain pass, and when
+    optim.micro_batch_size allows one; rows of very different lengths keep the buckets. With true it is
+    used over the buckets as they are (held through all of them).
+    """
+    cfg, N = state.cfg, rollout.completion_ids.shape[0]
+    mb = cfg.optim.micro_batch_size or N
+    n_params = sum(p.numel() for p in state.model.parameters())
+    # bnpo normalizes per micro-batch, so it keeps the plain consecutive slices (its math does not depend
+    # on the lengths); everything else groups rows of similar length (less padding).
+    groups = micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params,
+                           by_length=cfg.loss.loss_type != "bnpo")
+    record = rollout.activations
+    if record is None or not (state.dist.world_size == 1 and record.usable(state.model, rollout)):
+        return groups, None, False
+    if cfg.rollout.reuse_activations is True:
+        return groups, record, len(groups) == 1
+    lengths = rollout.prompt_mask.sum(-1) + rollout.completion_mask.sum(-1)           # [N]
+    launch = launch_tokens(n_params)                                                 # as micro_batches
+    plain = sum(float(lengths[g].max()) * len(g) + launch for g in groups)
+    if mb >= N and REUSE_COST * (float(lengths.max()) * N + launch) < plain:
+        return [torch.arange(N)], record, True
+    return groups, None, False
 
 
 def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperature: float, fn=per_token_logprobs,
@@ -80,11 +118,8 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
     """[E-F] mu optimizer updates over the generation batch, micro-batched with gradient accumulation."""
     cfg, lo, dist = state.cfg, state.cfg.loss, state.dist
     N = rollout.completion_ids.shape[0]                                   # this rank's completions
-    mb = cfg.optim.micro_batch_size or N
-    # Rows of similar length share a micro-batch (less padding); bnpo normalizes per micro-batch, so it
-    # keeps the plain consecutive slices and its math does not depend on the lengths.
-    groups = micro_batches(rollout.prompt_mask, rollout.completion_mask, mb,
-                           sum(p.numel() for p in state.model.parameters()), by_length=lo.loss_type != "bnpo")
+    groups, record, last_use = update_plan(state, rollout)               # length buckets; the reuse decision
+    rollout.activations = None                                            # the record is used once (or not at all)
     n_micro = len(groups)
     # Normalizers over the whole generation batch, all ranks (grpokit.distributed); one process: N, tokens
     total = dist.reduce_sums({"seqs": N, "tokens": loss_mask.sum(), "micro": n_micro})
@@ -96,9 +131,6 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
                      "tis/mean_weight", "tis/clipped_frac")
     logprobs_fn = dist.logprobs_fn(state.model)
     out: dict[str, float] = {}
-    record, rollout.activations = rollout.activations, None  # the sampler's projections (grpokit.reuse), used once
-    if record is not None and not (dist.world_size == 1 and record.usable(state.model, rollout)):
-        record = None                                     # the weights or the tokens changed since sampling
     for it in range(lo.num_iterations):
         use = record if it == 0 else None                 # later iterations run on updated weights
         sums: dict[str, torch.Tensor] = {}
@@ -107,7 +139,7 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
             rows = rows.to(loss_mask.device)
             dist.sync_grads(state.model, g == n_micro - 1)   # reduce over ranks on the last micro-batch only
             (new_lp, entropy), T = rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature,
-                                                  fn=logprobs_fn, record=use, consume=n_micro == 1,
+                                                  fn=logprobs_fn, record=use, consume=last_use,
                                                   return_entropy=True)
             m = loss_mask[rows, :T]
             a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
