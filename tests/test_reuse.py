@@ -160,22 +160,22 @@ def test_no_record_where_it_cannot_be_used(tok, monkeypatch):
     on = {"rollout.reuse_activations": True}
     cfg = build_config(on)
     plain = build("qwen2", tok)
-    assert update.reuses_activations(cfg, 1, plain)
-    assert not update.reuses_activations(cfg, 2, plain)                   # several processes
+    assert reuse.recording_policy(cfg, 1, plain) is True                  # forced: record to the end
+    assert not reuse.recording_policy(cfg, 2, plain)                      # several processes
     for key, value in (("rollout.reuse_activations", False), ("rollout.dynamic_sampling", True),
                        ("rollout.backend", "generate"), ("loss.algorithm", "ppo")):
-        assert not update.reuses_activations(build_config({**on, key: value}), 1, plain), key
+        assert not reuse.recording_policy(build_config({**on, key: value}), 1, plain), key
     auto = build_config({})                                               # the default: auto, by model size
-    assert not update.reuses_activations(auto, 1, plain)                  # ~0.1M parameters: it would not pay
-    monkeypatch.setattr(update, "REUSE_MIN_PARAMS", sum(p.numel() for p in plain.parameters()))
-    assert update.reuses_activations(auto, 1, plain)
-    micro = build_config({"optim.micro_batch_size": 8})                 # 32 rows in micro-batches: memory first
-    assert not update.reuses_activations(micro, 1, plain)
-    assert update.reuses_activations(build_config({"optim.micro_batch_size": 8, **on}), 1, plain)
+    assert not reuse.recording_policy(auto, 1, plain)                     # ~0.1M parameters: it would not pay
+    monkeypatch.setattr(reuse, "REUSE_MIN_PARAMS", sum(p.numel() for p in plain.parameters()))
+    assert callable(reuse.recording_policy(auto, 1, plain))               # the sampler asks it on the way
+    micro = build_config({"optim.micro_batch_size": 8})                   # 32 rows in micro-batches: memory first
+    assert not reuse.recording_policy(micro, 1, plain)
+    assert reuse.recording_policy(build_config({"optim.micro_batch_size": 8, **on}), 1, plain)
     with pytest.raises(ValueError, match="rollout.reuse_activations must be true, false or auto"):
         build_config({"rollout.reuse_activations": "sometimes"})
     plain.gradient_checkpointing_enable()
-    assert not update.reuses_activations(cfg, 1, plain)
+    assert not reuse.recording_policy(cfg, 1, plain)
 
 
 DENSE = "tests.test_guards:dense_reward"   # rewards differ within every group: every step moves the weights
@@ -253,7 +253,7 @@ def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypat
 
     def plan(model, rollout, **over):
         cfg = build_config({"rollout.num_generations": 4, "rollout.prompts_per_step": 3, **over})
-        return update.update_plan(SimpleNamespace(cfg=cfg, model=model, dist=Distributed()), rollout)
+        return reuse.update_plan(SimpleNamespace(cfg=cfg, model=model, dist=Distributed()), rollout)
 
     model = build("qwen2", tok)
     fixed = sample_groups(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, keep_activations=True)
@@ -266,7 +266,7 @@ def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypat
 
     # a micro-batch's launch cost as for a ~100M-parameter model (the test model's 0.1M would make one
     # micro-batch always cheapest)
-    monkeypatch.setattr(update, "launch_tokens", lambda n: 10.0)
+    monkeypatch.setattr(reuse, "launch_tokens", lambda n: 10.0)
     monkeypatch.setattr(logprobs, "launch_tokens", lambda n: 10.0)
     spread_model = build("qwen2", tok, mean_length=6.0)
     torch.manual_seed(5)
@@ -275,4 +275,18 @@ def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypat
     assert float(lengths.float().mean()) < 0.6 * float(lengths.max())     # mostly padding if padded to the longest
     groups, record, _ = plan(spread_model, spread, **{"rollout.max_completion_length": 40})
     assert record is None and len(groups) > 1                             # the length buckets win
+
+    # "auto" asks on the way and stops recording once it cannot pay: no record, its memory not kept
+    def pays(lengths, live):
+        asked.append(live)
+        return reuse.reuse_pays(lengths, live, 10**8, "grpo")
+
+    asked = []
+    torch.manual_seed(5)
+    again = sample_groups(spread_model, tok, prompts(), 4, 40, backend="fast", keep_activations=pays)
+    assert asked and again.activations is None
+    assert torch.equal(again.completion_ids, spread.completion_ids)      # recording never changes the samples
+    asked.clear()
+    kept = sample_groups(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, keep_activations=pays)
+    assert kept.activations is not None and not asked                     # no row finished early: kept
     assert not spread.activations.usable(model)                           # (and a record is tied to its model)

@@ -160,7 +160,7 @@ def run_grpokit(args) -> dict:
     from .models import frozen_reference
     from .rollout import sample_groups
     from .trainer import TrainState, compute_advantages, forward_logprobs, make_optimizer, policy_update
-    from .update import reuses_activations
+    from .reuse import recording_policy
 
     model, tok = build_model(args.size, args.seed, args.mean_length, args.model)
     if args.gradient_checkpointing:
@@ -180,7 +180,7 @@ def run_grpokit(args) -> dict:
         timer, t0 = PhaseTimer(), time.perf_counter()
         with timer("generate"):
             r = sample_groups(model, tok, prompts, args.num_generations, L, backend=args.backend,
-                              suppress_eos=args.fixed_length, keep_activations=reuses_activations(cfg, 1, model))
+                              suppress_eos=args.fixed_length, keep_activations=recording_policy(cfg, 1, model))
         reused = r.activations is not None                                # policy_update consumes it
         with timer("reward"):
             rewards = torch.tensor(digit_reward(r.completions))

@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .logprobs import head_logprobs, position_ids_from_mask
+from .logprobs import checkpointing_enabled, head_logprobs, launch_tokens, length_buckets, micro_batches, \
+    position_ids_from_mask
 
 PROJECTIONS = ("qkv", "o", "gu", "down")
 
@@ -53,6 +54,9 @@ class ActivationRecord:
         self.prompt: list[dict[str, torch.Tensor]] = [{} for _ in range(n_layers)]
         self.comp = [{k: _buffer(k, (slots, N, d), w) for k, d in dims.items()} for _ in range(n_layers)]
         self.rows: torch.Tensor | None = None                            # live rows while decoding (None = all)
+        self.pays = None                # (lengths [N], live rows) -> bool: keep recording? (`recording_policy`)
+        self.prompt_len = prompt_mask.sum(-1).repeat_interleave(group_size)   # [N]
+        self.ended = torch.full((N,), -1)                                 # completion tokens of dropped rows
         self.completion_ids: torch.Tensor | None = None                  # [N, T'] the sampled tokens, once done
 
     def put(self, layer: int, name: str, y: torch.Tensor, step: int | None) -> None:
@@ -64,14 +68,23 @@ class ActivationRecord:
         else:
             self.comp[layer][name][step, self.rows] = y[:, 0]
 
-    def keep_rows(self, keep: torch.Tensor, step: int) -> None:
-        """Rows not in `keep` are not fed from `step` on: zero those slots (the buffers start uninitialized)."""
-        live = torch.arange(self.comp[0]["o"].shape[1]) if self.rows is None else self.rows
+    def keep_rows(self, keep: torch.Tensor, step: int) -> bool:
+        """Rows not in `keep` are not fed from `step` on: zero those slots (the buffers start uninitialized).
+
+        Returns False when the record can no longer pay for itself (`pays`; a dropped row has at most
+        step + 1 completion tokens, a live one at least that many): the caller then drops it.
+        """
+        live = torch.arange(self.ended.numel()) if self.rows is None else self.rows
         dropped = live[~torch.isin(torch.arange(live.numel()), keep)]
+        self.ended[dropped] = step + 1
+        self.rows = live[keep]
+        lengths = self.prompt_len + torch.where(self.ended >= 0, self.ended, step + 1)
+        if self.pays is not None and not self.pays(lengths, keep.numel()):
+            return False
         for layer in self.comp:
             for buf in layer.values():
                 buf[step:, dropped] = 0
-        self.rows = live[keep]
+        return True
 
     def usable(self, model, rollout=None) -> bool:
         """Whether this record still describes `model` (same weights, nothing stochastic in its forward)
@@ -240,3 +253,77 @@ def reused_logprobs(model, record: ActivationRecord, rows: torch.Tensor, input_i
     hidden = _rms(hidden, dec.norm.weight, dec.norm.variance_epsilon)
     head = model.get_output_embeddings()
     return head_logprobs(hidden, input_ids[:, -T:], head.weight, head.bias, temperature, chunk_rows, return_entropy)
+
+
+# When to reuse ---------------------------------------------------------------------------------------
+
+# rollout.reuse_activations=auto: below this many parameters the reused forward's extra Python work per
+# layer (and the sampler's recording) costs more than the projection matmuls it saves (bench, 2-core
+# CPU: forced on the 1.1M "tiny" model a step was ~5% slower, the 24M "small" one gained 10-25%).
+REUSE_MIN_PARAMS = 5_000_000
+# With the projections reused, the update runs about 2/3 of a forward + backward's FLOPs (the forward's
+# projection matmuls, a third, are skipped).
+REUSE_COST = 2 / 3
+
+
+def recording_policy(cfg, world_size: int, model):
+    """What `sample_groups(keep_activations=...)` gets: False (no record), True (record), or for "auto" a
+    function (lengths [N], live rows) -> bool that the sampler asks whenever rows finish, dropping the
+    record as soon as it can no longer pay (`reuse_pays`).
+
+    Never with several processes, another sampler, PPO, dynamic sampling (its batches are merged) or
+    gradient checkpointing (which asks for less memory than a record holds). "auto" also wants a model
+    of REUSE_MIN_PARAMS or more and no optim.micro_batch_size below the batch: the record is freed layer
+    by layer only when one micro-batch holds every row; with smaller ones it would be held through
+    all of them, more memory than micro-batching saves.
+    """
+    r, mb = cfg.rollout, cfg.optim.micro_batch_size
+    if not r.reuse_activations or world_size != 1 or r.backend not in ("auto", "fast") or r.dynamic_sampling \
+            or cfg.loss.algorithm != "grpo" or checkpointing_enabled(model):
+        return False
+    if r.reuse_activations is True:
+        return True
+    n_params = sum(p.numel() for p in model.parameters())
+    if n_params < REUSE_MIN_PARAMS or 0 < mb < cfg.batch_size:
+        return False
+    return lambda lengths, live: reuse_pays(lengths, live, n_params, cfg.loss.loss_type)
+
+
+def reuse_pays(lengths: torch.Tensor, live: int, n_params: int, loss_type: str) -> bool:
+    """Whether one micro-batch of every row, padded to the longest, at REUSE_COST beats the plain pass's
+    micro-batches (length buckets; bnpo: one slice), launch costs included; lengths: prompt + completion [N].
+
+    While more than REUSE_COST of the rows are still decoding (`live`), each further step adds more to
+    the plain cost than to the reused one, so a record is kept whatever the lengths are so far.
+    """
+    N = lengths.numel()
+    if live > REUSE_COST * N:
+        return True
+    launch = launch_tokens(n_params)
+    groups = length_buckets(lengths, N, launch) if loss_type != "bnpo" else [torch.arange(N)]
+    plain = sum(float(lengths[g].max()) * len(g) + launch for g in groups)
+    return REUSE_COST * (float(lengths.max()) * N + launch) < plain
+
+
+def update_plan(state, rollout) -> tuple[list[torch.Tensor], ActivationRecord | None, bool]:
+    """(micro-batches, the sampler's record to reuse or None, whether that use is its last).
+
+    "auto" reuses with one micro-batch of every row when `reuse_pays` for the final lengths (else the
+    plain pass's length buckets, record dropped); true reuses over the plain micro-batches as they are.
+    """
+    cfg, N = state.cfg, rollout.completion_ids.shape[0]
+    mb = cfg.optim.micro_batch_size or N
+    n_params = sum(p.numel() for p in state.model.parameters())
+    # bnpo normalizes per micro-batch, so it keeps the plain consecutive slices (its math does not depend
+    # on the lengths); everything else groups rows of similar length (less padding).
+    groups = micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params,
+                           by_length=cfg.loss.loss_type != "bnpo")
+    record = rollout.activations
+    if record is None or not (state.dist.world_size == 1 and record.usable(state.model, rollout)):
+        return groups, None, False
+    if cfg.rollout.reuse_activations is True:
+        return groups, record, len(groups) == 1
+    lengths = rollout.prompt_mask.sum(-1) + rollout.completion_mask.sum(-1)           # [N]
+    if mb >= N and reuse_pays(lengths, 0, n_params, cfg.loss.loss_type):
+        return [torch.arange(N)], record, True
+    return groups, None, False

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -171,7 +171,7 @@ def sample_groups(
     suppress_eos: bool = False,
     generation_batch_size: int = 0,
     greedy: bool = False,
-    keep_activations: bool = False,
+    keep_activations: bool | Callable = False,
 ) -> Rollout:
     """Sample G completions for each prompt with the current policy.
 
@@ -188,7 +188,8 @@ def sample_groups(
         generation_batch_size: completions decoded at once (0 = all N), a multiple of G.
         greedy: argmax decoding instead of sampling (evaluation; use group_size=1).
         keep_activations: attach the lean decoder's projection outputs (`Rollout.activations`, used by
-            `grpokit.reuse`) when the fast sampler decodes the whole batch in one call.
+            `grpokit.reuse`) when the fast sampler decodes the whole batch in one call; a function
+            decides on the way whether to keep recording (`grpokit.reuse.recording_policy`).
 
     Returns:
         A Rollout with N = B * G rows.
@@ -211,7 +212,8 @@ def sample_groups(
         p_ids, p_mask = prompt_ids[s:s + chunk], prompt_mask[s:s + chunk]
         if use_fast:
             ids, lp = sampler.fast_sample(model, p_ids, p_mask, group_size, max_new_tokens, temperature, top_p,
-                                          top_k, eos_ids, tokenizer.pad_token_id, suppress_eos, greedy, records)
+                                          top_k, eos_ids, tokenizer.pad_token_id, suppress_eos, greedy, records,
+                                          None if keep_activations is True else keep_activations)
             logps.append(lp)
         else:
             rep_ids, rep_mask = p_ids.repeat_interleave(group_size, 0), p_mask.repeat_interleave(group_size, 0)

@@ -275,7 +275,7 @@ class LeanDecoder:
 def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                 max_new_tokens: int, temperature: float, top_p: float, top_k: int, eos_ids: list[int],
                 pad_id: int, suppress_eos: bool = False, greedy: bool = False,
-                records: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                records: list | None = None, pays=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample G completions per prompt with a shared-prefix KV cache.
 
     Args:
@@ -283,7 +283,8 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
         group_size: G.
         greedy: argmax decoding (evaluation); log-probs are still those of the tempered distribution.
         records: when a list and the lean engine runs, an `ActivationRecord` of every projection output
-            is appended to it (for `grpokit.reuse`, the update's forward pass).
+            is appended to it (for `grpokit.reuse`, the update's forward pass); pays: see
+            `grpokit.reuse.recording_policy` (None: record to the end).
 
     Returns:
         (completion_ids [B*G, T'], sampling log-probs [B*G, T']), T' <= max_new_tokens (the longest row).
@@ -296,13 +297,14 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
         if lean_supported(model, P + max_new_tokens):
             engine = _LeanEngine(model, prompt_ids, prompt_mask, group_size, max_new_tokens, records is not None)
             if engine.dec.record is not None:
-                records.append(engine.dec.record)
+                engine.dec.record.pays = pays
         else:
             engine = _CachedEngine(model, prompt_ids, prompt_mask, group_size)
         tokens, logps = _decode(engine, prompt_ids.shape[0] * group_size, max_new_tokens, temperature, top_p, top_k,
                                 eos_ids, pad_id, suppress_eos, greedy, prompt_ids.device)
-        if records is not None and isinstance(engine, _LeanEngine):
+        if records is not None and isinstance(engine, _LeanEngine) and engine.dec.record is not None:
             engine.dec.record.completion_ids = tokens                     # what the record's positions were fed
+            records.append(engine.dec.record)
         return tokens, logps
     finally:
         model.train(was_training)
@@ -375,7 +377,8 @@ class _LeanEngine:
     def keep_rows(self, keep: torch.Tensor, t: int) -> None:
         self.dec.keep_rows(keep, self.P + t)
         if self.dec.record is not None:
-            self.dec.record.keep_rows(keep, t)
+            if not self.dec.record.keep_rows(keep, t):
+                self.dec.record = None                                    # it can no longer pay: stop recording
         self.key_mask, self.pos = self.key_mask[keep], self.pos[keep]
 
 

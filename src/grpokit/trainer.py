@@ -33,7 +33,8 @@ from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
 from .lora import is_peft_model, reference_for, save_lora
 from .models import load_model_and_tokenizer, sync_reference
 from .rollout import Rollout, concat_rollouts, sample_groups
-from .update import forward_logprobs, policy_update, reuses_activations, skip_update, update_plan
+from .reuse import recording_policy, update_plan
+from .update import forward_logprobs, policy_update, skip_update
 
 log = logging.getLogger("grpokit")
 
@@ -154,7 +155,7 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
             rollout = sample_groups(state.model, state.tokenizer, [ex.prompt for ex in examples], r.num_generations,
                                     r.max_completion_length, r.temperature, r.top_p, r.top_k, r.max_prompt_length,
                                     r.truncate_prompt, r.backend, generation_batch_size=r.generation_batch_size,
-                                    keep_activations=reuses_activations(cfg, state.dist.world_size, state.model))
+                                    keep_activations=recording_policy(cfg, state.dist.world_size, state.model))
     with timer("reward"):
         columns = _reward_columns(examples, r.num_generations)
         ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]

@@ -12,72 +12,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .logprobs import checkpointing_enabled, launch_tokens, micro_batches, per_token_logprobs
+from .logprobs import micro_batches, per_token_logprobs
 from .loss import grpo_objective_from_logprobs, truncated_is_weights
 from .metrics import PhaseTimer
-from .reuse import reused_logprobs
+from .reuse import reused_logprobs, update_plan
 from .rollout import Rollout
 
 if TYPE_CHECKING:
     from .config import GRPOConfig
     from .trainer import TrainState
-
-
-# rollout.reuse_activations=auto: below this many parameters the reused forward's extra Python work per
-# layer (and the sampler's recording) costs more than the projection matmuls it saves (bench, 2-core CPU:
-# the 1.1M "tiny" model lost ~10% a step, the 24M "small" one gained 10-20%).
-REUSE_MIN_PARAMS = 5_000_000
-
-
-def reuses_activations(cfg: GRPOConfig, world_size: int, model) -> bool:
-    """Whether sampling should record activations for the update (`grpokit.reuse`): one process, the
-    built-in sampler, GRPO's update, no dynamic sampling (its resampled batches are merged), no
-    gradient checkpointing (which asks for less memory than a record holds). "auto" also wants a model
-    large enough for it to pay and the whole batch in one micro-batch: then the record is consumed
-    layer by layer and the peak is the plain pass's; with micro-batches it would be held (all rows)
-    through every micro-batch's backward, more than the micro-batching saves."""
-    r, mb = cfg.rollout, cfg.optim.micro_batch_size
-    if r.reuse_activations == "auto" and (sum(p.numel() for p in model.parameters()) < REUSE_MIN_PARAMS
-                                          or 0 < mb < cfg.batch_size):
-        return False
-    if not r.reuse_activations:
-        return False
-    return (world_size == 1 and r.backend in ("auto", "fast") and not r.dynamic_sampling
-            and cfg.loss.algorithm == "grpo" and not checkpointing_enabled(model))
-
-
-# With the projections reused, the update runs about 2/3 of a forward + backward's FLOPs (the forward's
-# projection matmuls, a third, are skipped).
-REUSE_COST = 2 / 3
-
-
-def update_plan(state: TrainState, rollout: Rollout) -> tuple[list[torch.Tensor], object | None, bool]:
-    """(micro-batches, the sampler's record to reuse or None, whether that use is its last).
-
-    The record needs every row in one micro-batch to be freed layer by layer (`reuse.reused_logprobs`
-    with consume); so with "auto" it is used when one micro-batch padded to the longest row at
-    REUSE_COST is cheaper (launch cost included) than the length buckets of the plain pass, and when
-    optim.micro_batch_size allows one; rows of very different lengths keep the buckets. With true it is
-    used over the buckets as they are (held through all of them).
-    """
-    cfg, N = state.cfg, rollout.completion_ids.shape[0]
-    mb = cfg.optim.micro_batch_size or N
-    n_params = sum(p.numel() for p in state.model.parameters())
-    # bnpo normalizes per micro-batch, so it keeps the plain consecutive slices (its math does not depend
-    # on the lengths); everything else groups rows of similar length (less padding).
-    groups = micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params,
-                           by_length=cfg.loss.loss_type != "bnpo")
-    record = rollout.activations
-    if record is None or not (state.dist.world_size == 1 and record.usable(state.model, rollout)):
-        return groups, None, False
-    if cfg.rollout.reuse_activations is True:
-        return groups, record, len(groups) == 1
-    lengths = rollout.prompt_mask.sum(-1) + rollout.completion_mask.sum(-1)           # [N]
-    launch = launch_tokens(n_params)                                                 # as micro_batches
-    plain = sum(float(lengths[g].max()) * len(g) + launch for g in groups)
-    if mb >= N and REUSE_COST * (float(lengths.max()) * N + launch) < plain:
-        return [torch.arange(N)], record, True
-    return groups, None, False
 
 
 def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperature: float, fn=per_token_logprobs,
