@@ -277,9 +277,9 @@ def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypat
     assert record is None and len(groups) > 1                             # the length buckets win
 
     # "auto" asks on the way and stops recording once it cannot pay: no record, its memory not kept
-    def pays(lengths, live):
-        asked.append(live)
-        return reuse.reuse_pays(lengths, live, 10**8, "grpo")
+    def pays(lengths):
+        asked.append(lengths)
+        return reuse.reuse_pays(lengths, 10**8, "grpo")
 
     asked = []
     torch.manual_seed(5)

@@ -35,8 +35,10 @@ class ActivationRecord:
 
     Completion slot t holds the outputs for input token t (the token sampled at step t, fed at step
     t + 1); the last sampled token is never fed, hence T - 1 slots. The buffers are not initialized:
-    the slots of a row after it left the decode batch (finished) are zeroed, slots past the last step
-    are never read, and every slot read is finite (a masked position times garbage could be NaN).
+    the slots of a row after it left the decode batch (finished) are zeroed up to the last step when
+    decoding ends (`finish`), slots past it are never read, so every slot read is finite (a masked
+    position times garbage could be NaN). Zeroing at the end touches no memory for a record dropped
+    on the way.
 
     Memory: the forward's projection outputs of the whole batch. q/k/v, o and down are only needed by
     the forward (backward needs their inputs, which it recomputes), so `reused_logprobs(consume=True)`
@@ -54,9 +56,11 @@ class ActivationRecord:
         self.prompt: list[dict[str, torch.Tensor]] = [{} for _ in range(n_layers)]
         self.comp = [{k: _buffer(k, (slots, N, d), w) for k, d in dims.items()} for _ in range(n_layers)]
         self.rows: torch.Tensor | None = None                            # live rows while decoding (None = all)
-        self.pays = None                # (lengths [N], live rows) -> bool: keep recording? (`recording_policy`)
+        self.pays = None                # lengths [N] -> bool: keep recording? (`recording_policy`)
         self.prompt_len = prompt_mask.sum(-1).repeat_interleave(group_size)   # [N]
         self.ended = torch.full((N,), -1)                                 # completion tokens of dropped rows
+        self.max_new_tokens = max_new_tokens
+        self.drops: list[tuple[int, torch.Tensor]] = []                  # (step, rows) left unwritten from step on
         self.completion_ids: torch.Tensor | None = None                  # [N, T'] the sampled tokens, once done
 
     def put(self, layer: int, name: str, y: torch.Tensor, step: int | None) -> None:
@@ -71,20 +75,29 @@ class ActivationRecord:
     def keep_rows(self, keep: torch.Tensor, step: int) -> bool:
         """Rows not in `keep` are not fed from `step` on: zero those slots (the buffers start uninitialized).
 
-        Returns False when the record can no longer pay for itself (`pays`; a dropped row has at most
-        step + 1 completion tokens, a live one at least that many): the caller then drops it.
+        Returns False when the record will not pay for itself (`pays`), judged with every live row
+        running to max_new_tokens (its worst case: the most padding in one micro-batch) and a dropped
+        row at step + 1 tokens (at most): the caller then drops it.
         """
         live = torch.arange(self.ended.numel()) if self.rows is None else self.rows
         dropped = live[~torch.isin(torch.arange(live.numel()), keep)]
         self.ended[dropped] = step + 1
         self.rows = live[keep]
-        lengths = self.prompt_len + torch.where(self.ended >= 0, self.ended, step + 1)
-        if self.pays is not None and not self.pays(lengths, keep.numel()):
+        lengths = self.prompt_len + torch.where(self.ended >= 0, self.ended, self.max_new_tokens)
+        if self.pays is not None and not self.pays(lengths):
             return False
-        for layer in self.comp:
-            for buf in layer.values():
-                buf[step:, dropped] = 0
+        self.drops.append((step, dropped))
         return True
+
+    def finish(self, completion_ids: torch.Tensor) -> None:
+        """Decoding ended with completion_ids [N, T']: zero the dropped rows' slots up to T' - 2."""
+        self.completion_ids = completion_ids                              # what the positions were fed
+        last = completion_ids.shape[1] - 1
+        for step, rows in self.drops:
+            for layer in self.comp:
+                for buf in layer.values():
+                    buf[step:last, rows] = 0
+        self.drops = []
 
     def usable(self, model, rollout=None) -> bool:
         """Whether this record still describes `model` (same weights, nothing stochastic in its forward)
@@ -268,8 +281,8 @@ REUSE_COST = 2 / 3
 
 def recording_policy(cfg, world_size: int, model):
     """What `sample_groups(keep_activations=...)` gets: False (no record), True (record), or for "auto" a
-    function (lengths [N], live rows) -> bool that the sampler asks whenever rows finish, dropping the
-    record as soon as it can no longer pay (`reuse_pays`).
+    function lengths [N] -> bool that the sampler asks whenever rows finish, dropping the record once
+    it will not pay (`reuse_pays`, live rows counted at the length limit).
 
     Never with several processes, another sampler, PPO, dynamic sampling (its batches are merged) or
     gradient checkpointing (which asks for less memory than a record holds). "auto" also wants a model
@@ -286,19 +299,14 @@ def recording_policy(cfg, world_size: int, model):
     n_params = sum(p.numel() for p in model.parameters())
     if n_params < REUSE_MIN_PARAMS or 0 < mb < cfg.batch_size:
         return False
-    return lambda lengths, live: reuse_pays(lengths, live, n_params, cfg.loss.loss_type)
+    return lambda lengths: reuse_pays(lengths, n_params, cfg.loss.loss_type)
 
 
-def reuse_pays(lengths: torch.Tensor, live: int, n_params: int, loss_type: str) -> bool:
+def reuse_pays(lengths: torch.Tensor, n_params: int, loss_type: str) -> bool:
     """Whether one micro-batch of every row, padded to the longest, at REUSE_COST beats the plain pass's
     micro-batches (length buckets; bnpo: one slice), launch costs included; lengths: prompt + completion [N].
-
-    While more than REUSE_COST of the rows are still decoding (`live`), each further step adds more to
-    the plain cost than to the reused one, so a record is kept whatever the lengths are so far.
     """
     N = lengths.numel()
-    if live > REUSE_COST * N:
-        return True
     launch = launch_tokens(n_params)
     groups = length_buckets(lengths, N, launch) if loss_type != "bnpo" else [torch.arange(N)]
     plain = sum(float(lengths[g].max()) * len(g) + launch for g in groups)
@@ -324,6 +332,6 @@ def update_plan(state, rollout) -> tuple[list[torch.Tensor], ActivationRecord | 
     if cfg.rollout.reuse_activations is True:
         return groups, record, len(groups) == 1
     lengths = rollout.prompt_mask.sum(-1) + rollout.completion_mask.sum(-1)           # [N]
-    if mb >= N and reuse_pays(lengths, 0, n_params, cfg.loss.loss_type):
+    if mb >= N and reuse_pays(lengths, n_params, cfg.loss.loss_type):
         return [torch.arange(N)], record, True
     return groups, None, False

@@ -303,7 +303,7 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
         tokens, logps = _decode(engine, prompt_ids.shape[0] * group_size, max_new_tokens, temperature, top_p, top_k,
                                 eos_ids, pad_id, suppress_eos, greedy, prompt_ids.device)
         if records is not None and isinstance(engine, _LeanEngine) and engine.dec.record is not None:
-            engine.dec.record.completion_ids = tokens                     # what the record's positions were fed
+            engine.dec.record.finish(tokens)
             records.append(engine.dec.record)
         return tokens, logps
     finally:
