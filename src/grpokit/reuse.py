@@ -14,8 +14,10 @@ log-softmax) is recomputed with autograd as in the plain pass, and prompts run o
 `logprobs.shared_prompt_hidden`. The result equals the plain pass to float rounding: the sampler
 computed y one position at a time, the plain pass all positions in one matmul.
 
-The record is only used while it describes the model: same module, every parameter unchanged since
-sampling (torch's in-place version counters, which an optimizer step bumps), no dropout.
+The record is only used while it describes the model and the batch: same module, every parameter
+unchanged since sampling (torch's in-place version counters, which an optimizer step bumps), no
+dropout, the same prompts and tokens. Whether to record and to reuse at all is decided at the end of
+this module (`recording_policy`, `reuse_pays`, `update_plan`; `rollout.reuse_activations`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,6 @@ import torch.nn.functional as F
 
 from .logprobs import checkpointing_enabled, head_logprobs, launch_tokens, length_buckets, micro_batches, \
     position_ids_from_mask
-
-PROJECTIONS = ("qkv", "o", "gu", "down")
-
 
 class ActivationRecord:
     """Projection outputs of one sampling call, per layer: prompts [B, P, D] and completions [T-1, N, D]
