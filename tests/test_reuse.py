@@ -290,3 +290,18 @@ def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypat
     kept = sample_groups(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, keep_activations=pays)
     assert kept.activations is not None and not asked                     # no row finished early: kept
     assert not spread.activations.usable(model)                           # (and a record is tied to its model)
+
+
+def test_reuse_pays_counts_padding_against_the_saved_third():
+    launch = {"n_params": 10**8}                                          # launch cost 10 token-slots
+    equal = torch.full((8,), 50)
+    assert reuse.reuse_pays(equal, **launch, loss_type="grpo")            # no padding: 2/3 of the cost
+    assert reuse.reuse_pays(equal, **launch, loss_type="grpo", iterations=4)  # still never worse
+    mild = torch.tensor([50, 48, 47, 45, 44, 42, 40, 38])                 # ~90% full when padded
+    assert reuse.reuse_pays(mild, **launch, loss_type="grpo")
+    spread = torch.tensor([50, 5, 5, 5, 5, 5, 5, 5])                      # ~21% full when padded
+    assert not reuse.reuse_pays(spread, **launch, loss_type="grpo")
+    # with mu = 2 the padded micro-batch also serves the second, plain iteration: 1.67 x 410 > 2 x 340
+    some = torch.tensor([50, 50, 50, 50, 30, 30, 30, 30])                 # 80% full
+    assert reuse.reuse_pays(some, **launch, loss_type="grpo", iterations=1)
+    assert not reuse.reuse_pays(some, **launch, loss_type="grpo", iterations=2)

@@ -298,18 +298,21 @@ def recording_policy(cfg, world_size: int, model):
     n_params = sum(p.numel() for p in model.parameters())
     if n_params < REUSE_MIN_PARAMS or 0 < mb < cfg.batch_size:
         return False
-    return lambda lengths: reuse_pays(lengths, n_params, cfg.loss.loss_type)
+    return lambda lengths: reuse_pays(lengths, n_params, cfg.loss.loss_type, cfg.loss.num_iterations)
 
 
-def reuse_pays(lengths: torch.Tensor, n_params: int, loss_type: str) -> bool:
+def reuse_pays(lengths: torch.Tensor, n_params: int, loss_type: str, iterations: int = 1) -> bool:
     """Whether one micro-batch of every row, padded to the longest, at REUSE_COST beats the plain pass's
     micro-batches (length buckets; bnpo: one slice), launch costs included; lengths: prompt + completion [N].
+    With mu `iterations`, the micro-batches serve all of them and only the first is reused:
+
+        (REUSE_COST + mu - 1) * (N * max_len + launch)  <  mu * sum_buckets (rows * max_len + launch)
     """
     N = lengths.numel()
     launch = launch_tokens(n_params)
     groups = length_buckets(lengths, N, launch) if loss_type != "bnpo" else [torch.arange(N)]
     plain = sum(float(lengths[g].max()) * len(g) + launch for g in groups)
-    return REUSE_COST * (float(lengths.max()) * N + launch) < plain
+    return (REUSE_COST + iterations - 1) * (float(lengths.max()) * N + launch) < iterations * plain
 
 
 def update_plan(state, rollout) -> tuple[list[torch.Tensor], ActivationRecord | None, bool]:
@@ -331,6 +334,6 @@ def update_plan(state, rollout) -> tuple[list[torch.Tensor], ActivationRecord | 
     if cfg.rollout.reuse_activations is True:
         return groups, record, len(groups) == 1
     lengths = rollout.prompt_mask.sum(-1) + rollout.completion_mask.sum(-1)           # [N]
-    if mb >= N and reuse_pays(lengths, n_params, cfg.loss.loss_type):
+    if mb >= N and reuse_pays(lengths, n_params, cfg.loss.loss_type, cfg.loss.num_iterations):
         return [torch.arange(N)], record, True
     return groups, None, False
