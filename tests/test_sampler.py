@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from grpokit import sampler
+from grpokit import sampler, sampling
 from grpokit.bench import bench_prompts, build_model
 from grpokit.logprobs import per_token_logprobs, position_ids_from_mask
 from grpokit.rollout import encode_prompts, sample_groups
@@ -92,7 +92,7 @@ def test_first_token_distribution_matches_generate_warpers(char_tokenizer, tempe
 def test_sample_categorical_frequencies_and_zero_mass():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2]]).repeat(50_000, 1)
     torch.manual_seed(0)
-    draws = sampler.sample_categorical(probs)
+    draws = sampling.sample_categorical(probs)
     freq = torch.bincount(draws, minlength=5).double() / draws.numel()
     assert freq[0] == 0 and freq[2] == 0
     assert torch.allclose(freq, probs[0].double(), atol=0.01)

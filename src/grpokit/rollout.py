@@ -136,6 +136,35 @@ def encode_prompts(tokenizer, texts: Sequence[str], max_prompt_length: int | Non
 
 
 @torch.no_grad()
+def merge_kept_groups(parts, B: int, G: int, pad_id: int):
+    """Dynamic sampling: the first B kept groups across rounds, as one rollout with matching rewards.
+
+    parts: (rollout, reward batch, correctness or None, kept group indices) per round.
+    """
+    from .rewards import RewardBatch
+
+    rolls, totals, per_func, corrects, steps, left = [], [], {}, [], [], B
+    for rollout, scores, correct, keep in parts:
+        keep = keep[:left]
+        left -= len(keep)
+        if not keep:
+            continue
+        rows = [g * G + j for g in keep for j in range(G)]
+        rolls.append(rollout.select(rows))
+        totals.append(scores.total[rows])
+        for k, v in scores.per_func.items():
+            per_func.setdefault(k, []).append(v[rows])
+        corrects.append(correct[rows] if correct is not None else torch.full((len(rows),), float("nan")))
+        if scores.step_rewards is not None:
+            steps.extend(scores.step_rewards[i] for i in rows)
+    if not rolls:  # every group was uniform in every round: keep the last round, it gives zero advantage
+        rollout, scores, correct, _ = parts[-1]
+        return rollout, scores, correct
+    merged = RewardBatch(torch.cat(totals), {k: torch.cat(v) for k, v in per_func.items()},
+                         sum(p[1].num_errors for p in parts), steps or None)
+    return concat_rollouts(rolls, pad_id), merged, torch.cat(corrects)
+
+
 def _generate_backend(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: float, top_p: float,
                       top_k: int, eos_ids: list[int], pad_id: int, suppress_eos: bool,
                       greedy: bool = False) -> torch.Tensor:

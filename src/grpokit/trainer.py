@@ -32,7 +32,7 @@ from .loss import k3_kl
 from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
 from .lora import is_peft_model, reference_for, save_lora
 from .models import load_model_and_tokenizer, sync_reference
-from .rollout import Rollout, concat_rollouts, sample_groups
+from .rollout import Rollout, merge_kept_groups, sample_groups
 from .reuse import recording_policy, update_plan
 from .update import forward_logprobs, policy_update, skip_update
 
@@ -192,36 +192,10 @@ def collect_batch(state: TrainState, timer: PhaseTimer):
         rounds += 1
         extra_gens += B * G
         rollout, scores, correct = generate_and_score(state, state.stream.take(B), timer)
-    rollout, scores, correct = _merge_kept(parts, B, G, state.tokenizer.pad_token_id)
+    rollout, scores, correct = merge_kept_groups(parts, B, G, state.tokenizer.pad_token_id)
     info = {"dynamic/groups_dropped": float(dropped), "dynamic/extra_generations": float(extra_gens),
             "dynamic/groups_kept": float(rollout.group_ids.numel() // G)}
     return rollout, scores, correct, info
-
-
-def _merge_kept(parts, B: int, G: int, pad_id: int):
-    """The first B kept groups across rounds, as one rollout with matching rewards."""
-    from .rewards import RewardBatch
-
-    rolls, totals, per_func, corrects, steps, left = [], [], {}, [], [], B
-    for rollout, scores, correct, keep in parts:
-        keep = keep[:left]
-        left -= len(keep)
-        if not keep:
-            continue
-        rows = [g * G + j for g in keep for j in range(G)]
-        rolls.append(rollout.select(rows))
-        totals.append(scores.total[rows])
-        for k, v in scores.per_func.items():
-            per_func.setdefault(k, []).append(v[rows])
-        corrects.append(correct[rows] if correct is not None else torch.full((len(rows),), float("nan")))
-        if scores.step_rewards is not None:
-            steps.extend(scores.step_rewards[i] for i in rows)
-    if not rolls:  # every group was uniform in every round: keep the last round, it gives zero advantage
-        rollout, scores, correct, _ = parts[-1]
-        return rollout, scores, correct
-    merged = RewardBatch(torch.cat(totals), {k: torch.cat(v) for k, v in per_func.items()},
-                         sum(p[1].num_errors for p in parts), steps or None)
-    return concat_rollouts(rolls, pad_id), merged, torch.cat(corrects)
 
 
 def compute_advantages(cfg: GRPOConfig, rollout: Rollout, rewards: torch.Tensor,
