@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpokit.resume_logs import METRICS_FILE, _cut_logs
+from .resume_logs import METRICS_FILE, _cut_logs
 
 log = logging.getLogger("grpokit")
 

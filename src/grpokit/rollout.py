@@ -135,7 +135,6 @@ def encode_prompts(tokenizer, texts: Sequence[str], max_prompt_length: int | Non
     return ids, mask
 
 
-@torch.no_grad()
 def merge_kept_groups(parts, B: int, G: int, pad_id: int):
     """Dynamic sampling: the first B kept groups across rounds, as one rollout with matching rewards.
 
@@ -165,6 +164,7 @@ def merge_kept_groups(parts, B: int, G: int, pad_id: int):
     return concat_rollouts(rolls, pad_id), merged, torch.cat(corrects)
 
 
+@torch.no_grad()
 def _generate_backend(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: float, top_p: float,
                       top_k: int, eos_ids: list[int], pad_id: int, suppress_eos: bool,
                       greedy: bool = False) -> torch.Tensor:

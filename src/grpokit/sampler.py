@@ -16,8 +16,7 @@ Anything else goes to `model.generate` (rollout.py), with one log line.
 
 The distribution is exactly `generate`'s: logits / temperature, then top-k, then top-p (the order of
 transformers' logits warpers), then a categorical draw (`grpokit.sampling`); EOS suppression is
-min_new_tokens' -inf. The
-returned log-probs are those of the temperature-scaled full distribution,
+min_new_tokens' -inf. The returned log-probs are those of the temperature-scaled full distribution,
 
     logp_t = z_t[o_t] / tau - logsumexp(z_t / tau),
 
