@@ -89,6 +89,16 @@ def lean_supported(model, max_positions: int) -> bool:
     return _plain_linear(model.get_output_embeddings())
 
 
+def _native_kernels(model):
+    """grpokit.native's kernels when they apply: float32 weights on the CPU (else None: PyTorch ops)."""
+    p = next(model.parameters())
+    if p.device.type != "cpu" or any(q.dtype != torch.float32 for q in model.parameters()):
+        return None
+    from .native import kernels
+
+    return kernels()
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm with transformers' op order (float32 statistics), so results match bit for bit."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
@@ -165,6 +175,8 @@ class LeanDecoder:
         self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
         self.kv = torch.empty(len(self.layers), 2, rows, self.nkv, max_len, self.hd, dtype=w.dtype, device=w.device)
         self.record, self.record_step = None, None   # an ActivationRecord (grpokit.reuse), the decode step
+        self.native = _native_kernels(model)         # fused C kernels for decode steps (grpokit.native) or None
+        self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")
 
     def dims(self) -> dict[str, int]:
         """Output width of each projection (what an ActivationRecord stores per position)."""
@@ -214,11 +226,34 @@ class LeanDecoder:
         return self.head(h)
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
-        """One token per row: tok, pos [n]; key_mask [n, 1, 1, slot + 1]. Returns logits [n, V]."""
+        """One token per row: tok, pos [n]; key_mask [n, >= slot + 1] (valid key slots). Returns logits [n, V]."""
         n = tok.shape[0]
+        if self.native is not None:
+            return self.head(self._layers_native(F.embedding(tok, self.embed), pos, slot, key_mask))
         h = self._layers(F.embedding(tok[:, None], self.embed), self.cos[pos][:, None, None],
-                         self.sin[pos][:, None, None], slice(slot, slot + 1), key_mask, n)
+                         self.sin[pos][:, None, None], slice(slot, slot + 1), key_mask[:, None, None, :slot + 1], n)
         return self.head(h)
+
+    def _layers_native(self, h: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
+        """`_layers` for one decode position with the fused kernels: h [n, H] (updated in place) -> [n, H]."""
+        n, H = h.shape
+        k, x = self.native, torch.empty_like(h)
+        att = h.new_empty(n, self.nh * self.hd)
+        k.add_rms(h, None, self.layers[0]["ln1"], self.eps, x)
+        for i, w in enumerate(self.layers):
+            qkv = self._proj(i, "qkv", x[:, None])                         # [n, 1, (nh + 2 nkv) hd]
+            k.rope_attend(qkv, pos, self.cos, self.sin, w["q_norm"], w["k_norm"], self.eps, self.kv[i, :, :n],
+                          slot, key_mask, self.nh, w["scale"], att)
+            k.add_rms(h, self._proj(i, "o", att[:, None]), w["ln2"], self.eps, x)
+            gu = self._proj(i, "gu", x[:, None])                            # [n, 1, 2 I]
+            if self.silu:
+                act = k.silu_mul(gu.view(n, -1))[:, None]
+            else:
+                gate, up = gu.chunk(2, -1)
+                act = w["act"](gate) * up
+            nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
+            k.add_rms(h, self._proj(i, "down", act), nxt, self.eps, x)
+        return x
 
     def keep_rows(self, keep: torch.Tensor, upto: int) -> None:
         """Drop finished rows: copy the kept rows' first `upto` cache slots into a smaller cache."""
@@ -281,7 +316,7 @@ def _decode(engine, N: int, max_new_tokens: int, temperature: float, top_p: floa
         logits = logits.float()
         if suppress_eos:
             logits[:, eos] = float("-inf")
-        tok, lp = pick_tokens(logits, temperature, top_k, top_p, greedy)
+        tok, lp = pick_tokens(logits, temperature, top_k, top_p, greedy, getattr(engine, "native", None))
         if rows is None:
             tokens[:, t], logps[:, t] = tok, lp
         else:
@@ -325,10 +360,14 @@ class _LeanEngine:
     def first_logits(self) -> torch.Tensor:
         return self.logits0
 
+    @property
+    def native(self):
+        return self.dec.native
+
     def step(self, tok: torch.Tensor, t: int) -> torch.Tensor:
         slot = self.P + t
         self.dec.record_step = t
-        logits = self.dec.step(tok, self.pos + t, slot, self.key_mask[:, None, None, :slot + 1])
+        logits = self.dec.step(tok, self.pos + t, slot, self.key_mask)
         return logits
 
     def keep_rows(self, keep: torch.Tensor, t: int) -> None:

@@ -28,14 +28,21 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
 
 
 def pick_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row of [n, V] logits; returns (tokens [n], log-probs [n] of the tempered distribution)."""
+                greedy: bool, native=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of [n, V] logits; returns (tokens [n], log-probs [n] of the tempered distribution).
+
+    native: `grpokit.native.DecodeKernels` to draw without top-k/top-p in one fused call (the same law).
+    """
+    unfiltered = (not top_k or top_k >= logits.shape[-1]) and top_p >= 1.0
+    if native is not None and unfiltered and logits.dtype == torch.float32 and logits.is_contiguous() \
+            and logits.device.type == "cpu":
+        return native.sample(logits, temperature, greedy)
     scaled = logits / temperature if temperature != 1.0 else logits
     lse = torch.logsumexp(scaled, -1, keepdim=True)                       # [n, 1]
     if greedy:
         tok = logits.argmax(-1)
     else:
-        if (not top_k or top_k >= logits.shape[-1]) and top_p >= 1.0:
+        if unfiltered:
             probs = (scaled - lse).exp_()                                 # softmax(z / tau), lse reused
         else:
             probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)

@@ -1,0 +1,220 @@
+/* grpokit's fused decode kernels (fp32, CPU): what one decode step does between its matmuls.
+ *
+ * On a small model a decode step is ~30 tiny PyTorch ops per layer, each paying ~5-10 us of
+ * dispatch: the step costs several times its matmuls. The matmuls stay in PyTorch (MKL/oneDNN);
+ * these two kernels replace everything between them (grpokit/native.py loads them, the sampler's
+ * LeanDecoder calls them):
+ *
+ *   gk_add_rms      h += y (the residual), then out = w * h / sqrt(mean(h^2) + eps)   (RMSNorm)
+ *   gk_rope_attend  optional per-head q/k RMSNorm, rotary on q and k, k and v written into the
+ *                   cache at `slot`, then per head softmax(q k^T * scale + mask) v over slots 0..slot
+ *   gk_silu_mul     out = silu(gate) * up from the fused [gate | up] projection
+ *   gk_sample       one token per row from softmax(z / tau) by inverse CDF (the first i with
+ *                   cdf_i > u cdf_V, given u ~ U[0,1)) or argmax, and its log-prob z_i / tau - logsumexp(z / tau)
+ *
+ * Rotary uses the table convention of the Python decoder: out_j = x_j cos_j + x_{(j+hd/2) mod hd} s_j
+ * with s = [-sin_1, sin_2] (rotate_half folded into the sign). Results equal the eager ops to fp32
+ * rounding (sums run in another order). Everything is contiguous; the row loops run on OpenMP
+ * threads when the work is large enough.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* e^x (x clamped to [-87, 88]; below -87 it is 0): Cody-Waite reduction and a degree-6 polynomial,
+ * ~2 ulp, written so the compiler vectorizes the loop that calls it (libm's expf is scalar here). */
+static inline float gk_exp(float x) {
+    float zero = x < -87.0f ? 0.0f : 1.0f;  /* e^x underflows (and e^-inf = 0 exactly) */
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float k = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale * zero;
+}
+
+/* sum_j a_j b_j with 8 independent partial sums (vectorizes; one serial chain would not) */
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; u++) acc[u] += a[j + u] * b[j + u];
+    float d = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; j < n; j++) d += a[j] * b[j];
+    return d;
+}
+
+static void rms_row(const float *x, const float *w, float eps, int64_t n, float *out) {
+    float ss = dot(x, x, n);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t j = 0; j < n; j++) out[j] = w[j] * (x[j] * inv);
+}
+
+/* h [n, H] += y [n, H] (y may be NULL); out [n, H] = RMSNorm(h) * w. */
+void gk_add_rms(float *h, const float *y, const float *w, float eps, int64_t n, int64_t H, float *out) {
+#pragma omp parallel for if (n * H >= 65536)
+    for (int64_t r = 0; r < n; r++) {
+        float *hr = h + r * H;
+        if (y)
+            for (int64_t j = 0; j < H; j++) hr[j] += y[r * H + j];
+        rms_row(hr, w, eps, H, out + r * H);
+    }
+}
+
+/* x [hd] -> out [hd]: optional RMSNorm (norm_w != NULL), then rotary with cos/sin rows of this position. */
+static void norm_rope(const float *x, const float *norm_w, float eps, const float *c, const float *s,
+                      int64_t hd, float *tmp, float *out) {
+    const float *src = x;
+    if (norm_w) {
+        rms_row(x, norm_w, eps, hd, tmp);
+        src = tmp;
+    }
+    int64_t half = hd / 2;
+    for (int64_t j = 0; j < hd; j++) {
+        float a = src[j] * c[j];
+        float b = src[j < half ? j + half : j - half] * s[j];
+        out[j] = a + b;
+    }
+}
+
+/* One decode position per row.
+ *   qkv   [n, (nh + 2 nkv) hd]   the fused projection output (q heads, then k heads, then v heads)
+ *   pos   [n] int64              each row's position (indexes the cos/sin tables [*, hd])
+ *   kc,vc [n, nkv, S, hd]        this layer's key and value cache; slot `slot` is written
+ *   mask  [n, mask_stride] uint8 key j of row r is attended when mask[r, j] != 0 (j <= slot)
+ *   out   [n, nh hd]             attention output, heads concatenated
+ */
+/* One row's kv head g: its new key (normed, rotated) and value go to the cache, then the `group` query
+ * heads that share it attend over slots 0..slot. Inlined per head size (below), so that for the
+ * usual sizes the loops over hd have a constant trip count and the output stays in registers. */
+static inline __attribute__((always_inline)) void attend_group(
+        const float *qkv_row, int64_t g, const float *c, const float *s, const float *q_norm,
+        const float *k_norm, float eps, float *K, float *V, int64_t slot, const uint8_t *m,
+        int64_t nh, int64_t nkv, int64_t group, const int64_t hd, float scale, float *sc, float *out_row) {
+    float tmp[hd], q[group * hd], mx[group], inv[group];
+    int64_t ctx = slot + 1;
+    norm_rope(qkv_row + (nh + g) * hd, k_norm, eps, c, s, hd, tmp, K + slot * hd);
+    memcpy(V + slot * hd, qkv_row + (nh + nkv + g) * hd, (size_t)hd * sizeof(float));
+    for (int64_t a = 0; a < group; a++) {
+        norm_rope(qkv_row + (g * group + a) * hd, q_norm, eps, c, s, hd, tmp, q + a * hd);
+        mx[a] = -INFINITY;
+    }
+    for (int64_t j = 0; j < ctx; j++) {
+        const float *k = K + j * hd;
+        for (int64_t a = 0; a < group; a++) {
+            float d = m[j] ? dot(q + a * hd, k, hd) * scale : -INFINITY;
+            sc[a * ctx + j] = d;
+            mx[a] = d > mx[a] ? d : mx[a];
+        }
+    }
+    for (int64_t a = 0; a < group; a++) {  /* mx is finite: a row always sees its own new key */
+        float *p = sc + a * ctx, t = 0.0f;
+        for (int64_t j = 0; j < ctx; j++) {
+            p[j] = gk_exp(p[j] - mx[a]);
+            t += p[j];
+        }
+        inv[a] = 1.0f / t;
+    }
+    for (int64_t a = 0; a < group; a++) {
+        float acc[hd], *p = sc + a * ctx;
+        for (int64_t e = 0; e < hd; e++) acc[e] = 0.0f;
+        for (int64_t j = 0; j < ctx; j++) {
+            float w = p[j];
+            for (int64_t e = 0; e < hd; e++) acc[e] += w * V[j * hd + e];
+        }
+        float *o = out_row + (g * group + a) * hd;
+        for (int64_t e = 0; e < hd; e++) o[e] = acc[e] * inv[a];
+    }
+}
+
+void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t,
+                    const float *q_norm, const float *k_norm, float eps,
+                    float *kc, float *vc, int64_t S, int64_t slot, const uint8_t *mask, int64_t mask_stride,
+                    int64_t n, int64_t nh, int64_t nkv, int64_t hd, float scale, float *out) {
+    int64_t width = (nh + 2 * nkv) * hd, group = nh / nkv, ctx = slot + 1;
+#pragma omp parallel for if (n * nh * ctx * hd >= 32768)
+    for (int64_t rg = 0; rg < n * nkv; rg++) {
+        int64_t r = rg / nkv, g = rg % nkv;
+        float *sc = malloc((size_t)(group * ctx) * sizeof(float));       /* [group, ctx] scores */
+        const float *row = qkv + r * width, *c = cos_t + pos[r] * hd, *s = sin_t + pos[r] * hd;
+        float *K = kc + (r * nkv + g) * S * hd, *V = vc + (r * nkv + g) * S * hd, *o = out + r * nh * hd;
+        const uint8_t *m = mask + r * mask_stride;
+#define GK_ATTEND(HD) attend_group(row, g, c, s, q_norm, k_norm, eps, K, V, slot, m, nh, nkv, group, HD, scale, sc, o)
+        switch (hd) {
+            case 32: GK_ATTEND(32); break;
+            case 64: GK_ATTEND(64); break;
+            case 128: GK_ATTEND(128); break;
+            default: GK_ATTEND(hd);
+        }
+#undef GK_ATTEND
+        free(sc);
+    }
+}
+
+/* gu [n, 2 I] = [gate | up] -> out [n, I] = gate / (1 + e^-gate) * up */
+void gk_silu_mul(const float *gu, int64_t n, int64_t I, float *out) {
+#pragma omp parallel for if (n * I >= 65536)
+    for (int64_t r = 0; r < n; r++) {
+        const float *g = gu + r * 2 * I, *u = g + I;
+        float *o = out + r * I;
+        for (int64_t j = 0; j < I; j++) o[j] = g[j] / (1.0f + gk_exp(-g[j])) * u[j];
+    }
+}
+
+/* logits [n, V] -> tok [n], lp [n]. u [n] uniforms (ignored when greedy). The same law as
+ * grpokit.sampling.sample_categorical: the first i whose running sum of e^(s_i - max) exceeds
+ * u * total, found block by block (block sums vectorize; the scan inside one block is serial). */
+void gk_sample(const float *logits, int64_t n, int64_t V, float temperature, const float *u, int greedy,
+               int64_t *tok, float *lp) {
+    enum { BLOCK = 256 };
+#pragma omp parallel for if (n * V >= 262144)
+    for (int64_t r = 0; r < n; r++) {
+        const float *z = logits + r * V;
+        float *e = malloc((size_t)V * sizeof(float));
+        float mx = -INFINITY, zmax = -INFINITY;
+        int64_t arg = 0, last = 0;
+        for (int64_t i = 0; i < V; i++) {
+            e[i] = z[i] / temperature;
+            mx = e[i] > mx ? e[i] : mx;
+            if (z[i] > zmax) { zmax = z[i]; arg = i; }  /* the first maximum, like argmax */
+        }
+        float total = 0.0f;
+        for (int64_t i = 0; i < V; i++) {
+            float s = e[i];
+            e[i] = gk_exp(s - mx);
+            total += e[i];
+        }
+        for (int64_t i = V - 1; i > 0 && e[i] == 0.0f; i--) last = i - 1;
+        if (e[V - 1] > 0.0f) last = V - 1;
+        int64_t pick = last;  /* if rounding leaves u * total unreached: the last token that can be drawn */
+        if (greedy) {
+            pick = arg;
+        } else {
+            float target = u[r] * total, cum = 0.0f;
+            for (int64_t b = 0; b < V; b += BLOCK) {
+                int64_t end = b + BLOCK < V ? b + BLOCK : V;
+                float part = 0.0f;
+                for (int64_t i = b; i < end; i++) part += e[i];
+                if (cum + part <= target && end < V) { cum += part; continue; }
+                for (int64_t i = b; i < end; i++) {
+                    cum += e[i];
+                    if (cum > target) { pick = i; break; }
+                }
+                break;
+            }
+        }
+        tok[r] = pick;
+        lp[r] = (z[pick] / temperature - mx) - logf(total);
+        free(e);
+    }
+}

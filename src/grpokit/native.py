@@ -1,0 +1,159 @@
+"""The sampler's fused decode kernels (`csrc/decode_kernels.c`), compiled on first use.
+
+A decode step of a small model is bound by per-operation overhead: about 30 PyTorch calls per layer
+at ~5-10 us each, several times the step's matmuls (docs/performance.md). The C file replaces the
+calls between the matmuls with fused kernels (residual + RMSNorm; q/k norm + rotary + cache write +
+attention; SiLU(gate) * up), so a layer is 4 matmuls and 4 kernel calls; a fifth draws the tokens.
+
+The library is built once per machine with the system C compiler into the user cache
+($GRPOKIT_CACHE, else $XDG_CACHE_HOME/grpokit, else ~/.cache/grpokit), keyed by the source, the
+compiler and the CPU, then loaded with ctypes. No compiler, a failed build or GRPOKIT_NATIVE=0: the
+sampler runs its PyTorch ops instead (one log line); the two paths agree to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("grpokit")
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_kernels.c"
+# Tried in order: OpenMP needs -fopenmp (not every compiler has it); -march=native is not universal.
+# Reassociation lets the compiler vectorize the kernels' sums; no -ffinite-math (the masks use -inf).
+_COMMON = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
+           "-fno-signed-zeros"]
+FLAG_SETS = (["-march=native", "-fopenmp"], ["-march=native"], [])
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {
+    "gk_add_rms": [_P, _P, _P, _F, _I, _I, _P],
+    "gk_rope_attend": [_P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _I, _P, _I, _I, _I, _I, _I, _F, _P],
+    "gk_sample": [_P, _I, _I, _F, _P, ctypes.c_int, _P, _P],
+    "gk_silu_mul": [_P, _I, _I, _P],
+}
+_loaded: DecodeKernels | None | bool = False      # False: not tried yet
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("GRPOKIT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "grpokit")
+    return Path(root)
+
+
+def _cpu_id() -> str:
+    """What -march=native depends on: the CPU's feature flags where Linux lists them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.machine() + platform.processor()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def build(out_dir: Path | None = None) -> Path | None:
+    """Compile the kernels (or find them already built); the library's path, or None when no build works."""
+    cc = _compiler()
+    if cc is None:
+        return None
+    src = SOURCE.read_bytes()
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError):
+        return None                                                       # CC names no runnable compiler
+    out_dir = out_dir or cache_dir()
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([src, " ".join(flags + _COMMON).encode(), str(version).encode(),
+                                         _cpu_id().encode()])).hexdigest()[:16]
+        lib = out_dir / f"decode_kernels-{key}.so"
+        if lib.is_file():
+            return lib
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)    # then an atomic rename: racing builds are safe
+            os.close(fd)
+            proc = subprocess.run([cc, *_COMMON, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
+                                  text=True, timeout=120)
+            if proc.returncode == 0:
+                os.replace(tmp, lib)
+                return lib
+            os.unlink(tmp)
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return None
+
+
+class DecodeKernels:
+    """ctypes bindings of the two kernels; arguments are checked by the caller (`LeanDecoder`)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        for name, args in _SIGNATURES.items():
+            getattr(lib, name).argtypes = args
+            getattr(lib, name).restype = None
+        self._add_rms, self._rope_attend, self._sample = lib.gk_add_rms, lib.gk_rope_attend, lib.gk_sample
+        self._silu_mul = lib.gk_silu_mul
+
+    def add_rms(self, h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                out: torch.Tensor) -> None:
+        """h [n, H] += y [n, H] (in place; y None: no add); out [n, H] = RMSNorm(h) * weight."""
+        n, H = h.shape
+        self._add_rms(h.data_ptr(), None if y is None else y.data_ptr(), weight.data_ptr(), eps, n, H,
+                      out.data_ptr())
+
+    def rope_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, kv: torch.Tensor,
+                    slot: int, key_mask: torch.Tensor, heads: int, scale: float, out: torch.Tensor) -> None:
+        """qkv [n, (heads + 2 kv_heads) hd]; kv [2, n, kv_heads, S, hd] (slot `slot` written);
+        key_mask [n, >= slot + 1] bool; out [n, heads hd] = attention over slots 0..slot."""
+        _, n, nkv, S, hd = kv.shape
+        self._rope_attend(qkv.data_ptr(), pos.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                          None if q_norm is None else q_norm.data_ptr(),
+                          None if k_norm is None else k_norm.data_ptr(), eps,
+                          kv[0].data_ptr(), kv[1].data_ptr(), S, slot, key_mask.data_ptr(), key_mask.stride(0),
+                          n, heads, nkv, hd, scale, out.data_ptr())
+
+
+    def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """gu [n, 2 I] = [gate | up] -> silu(gate) * up [n, I]."""
+        n, I2 = gu.shape
+        out = gu.new_empty(n, I2 // 2)
+        self._silu_mul(gu.data_ptr(), n, I2 // 2, out.data_ptr())
+        return out
+
+    def sample(self, logits: torch.Tensor, temperature: float, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row of logits [n, V] (float32, contiguous) from softmax(z / temperature), or the
+        argmax; returns (tokens [n], log-probs [n] of the tempered distribution). Draws n uniforms from
+        torch's generator (none when greedy), as `grpokit.sampling.sample_categorical` does."""
+        n, V = logits.shape
+        u = None if greedy else torch.rand(n)
+        tok, lp = torch.empty(n, dtype=torch.long), torch.empty(n)
+        self._sample(logits.data_ptr(), n, V, temperature, None if u is None else u.data_ptr(), int(greedy),
+                     tok.data_ptr(), lp.data_ptr())
+        return tok, lp
+
+
+def kernels() -> DecodeKernels | None:
+    """The loaded kernels, built on first call; None when GRPOKIT_NATIVE=0 or no build works."""
+    global _loaded
+    if _loaded is False:
+        _loaded = None
+        if os.environ.get("GRPOKIT_NATIVE", "1") != "0":
+            path = build()
+            if path is None:
+                log.info("sampler: no C compiler could build %s; decoding with PyTorch ops", SOURCE.name)
+            else:
+                _loaded = DecodeKernels(ctypes.CDLL(str(path)))
+    return _loaded

@@ -1,0 +1,186 @@
+"""The sampler's fused C kernels (grpokit.native): each equals the PyTorch ops it replaces, and the
+sampler falls back to those ops when no library can be built."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpokit import native, sampler
+from grpokit.bench import bench_prompts, build_model
+from grpokit.rollout import sample_groups
+
+K = native.kernels()
+needs_kernels = pytest.mark.skipif(K is None, reason="no C compiler could build grpokit's decode kernels")
+
+
+@pytest.fixture()
+def torch_ops(monkeypatch):
+    """The sampler without native kernels (GRPOKIT_NATIVE=0), restored after the test."""
+    monkeypatch.setenv("GRPOKIT_NATIVE", "0")
+    monkeypatch.setattr(native, "_loaded", False)
+    yield
+    monkeypatch.setattr(native, "_loaded", False)
+
+
+def _rope(x, cos, sin):                                                 # x [..., hd]; the decoder's convention
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+
+
+@needs_kernels
+@pytest.mark.parametrize("nh,nkv,hd,qk_norm", [(4, 2, 32, False), (8, 4, 64, True), (2, 2, 128, False),
+                                               (6, 2, 24, True)])
+def test_rope_attend_equals_sdpa_with_masks_and_cache_write(nh, nkv, hd, qk_norm):
+    torch.manual_seed(0)
+    n, S, slot, eps, scale = 5, 40, 29, 1e-6, hd ** -0.5
+    qkv = torch.randn(n, (nh + 2 * nkv) * hd)
+    pos = torch.randint(0, 30, (n,))
+    cos, sin = torch.randn(64, hd), torch.randn(64, hd)
+    qn, kn = (torch.rand(hd) + 0.5, torch.rand(hd) + 0.5) if qk_norm else (None, None)
+    kv = torch.randn(2, n, nkv, S, hd)
+    mask = torch.rand(n, S) > 0.3
+    mask[:, slot] = True                                                  # a row always sees its own token
+    before = kv.clone()
+    out = torch.empty(n, nh * hd)
+    K.rope_attend(qkv, pos, cos, sin, qn, kn, eps, kv, slot, mask, nh, scale, out)
+
+    q, k, v = qkv.view(n, nh + 2 * nkv, hd).split([nh, nkv, nkv], 1)
+    if qk_norm:
+        q, k = F.rms_norm(q, (hd,), qn, eps), F.rms_norm(k, (hd,), kn, eps)
+    c, s = cos[pos][:, None], sin[pos][:, None]
+    q, k = _rope(q, c, s), _rope(k, c, s)
+    want_kv = before.clone()
+    want_kv[0, :, :, slot], want_kv[1, :, :, slot] = k, v
+    assert torch.allclose(kv, want_kv, atol=1e-5)                          # only slot `slot` written
+    keys, vals = want_kv[0, :, :, :slot + 1], want_kv[1, :, :, :slot + 1]
+    ref = F.scaled_dot_product_attention(q[:, :, None], keys, vals, attn_mask=mask[:, None, None, :slot + 1],
+                                         scale=scale, enable_gqa=True)    # [n, nh, 1, hd]
+    assert torch.allclose(out, ref.reshape(n, nh * hd), atol=1e-5)
+
+
+@needs_kernels
+def test_add_rms_and_silu_mul_equal_torch():
+    torch.manual_seed(0)
+    h, y, w = torch.randn(7, 96), torch.randn(7, 96), torch.rand(96)
+    out, h0 = torch.empty(7, 96), h.clone()
+    K.add_rms(h, y, w, 1e-6, out)
+    assert torch.allclose(h, h0 + y) and torch.allclose(out, F.rms_norm(h0 + y, (96,), w, 1e-6), atol=1e-6)
+    K.add_rms(h, None, w, 1e-6, out)                                      # no residual: the norm alone
+    assert torch.allclose(h, h0 + y) and torch.allclose(out, F.rms_norm(h, (96,), w, 1e-6), atol=1e-6)
+    gu = torch.randn(7, 2 * 80) * 30                                      # large |gate|: the exp's clamps
+    gate, up = gu.chunk(2, -1)
+    assert torch.allclose(K.silu_mul(gu), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_sample_law_logprobs_greedy_and_zero_mass():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 50) * 2
+    logits[0, 7] = float("-inf")                                          # a suppressed token (EOS blocked)
+    for temperature in (1.0, 0.6):
+        draws, lps = K.sample(logits.repeat(60_000, 1), temperature, greedy=False)
+        logp = torch.log_softmax(logits[0] / temperature, -1)
+        assert torch.allclose(lps, logp[draws], atol=1e-5)
+        freq = torch.bincount(draws, minlength=50).double() / draws.numel()
+        assert freq[7] == 0
+        stat = ((freq - logp.exp().double()) ** 2 / logp.exp().double().clamp(min=1e-12)).sum() * draws.numel()
+        assert stat < 100                                                 # chi-square, 48 dof: p ~ 1e-5 at 90
+        wrong = torch.softmax(logits[0], -1).double() if temperature != 1.0 else torch.full((50,), 1 / 49.0)
+        wrong[7] = 0
+        assert ((freq - wrong) ** 2 / wrong.clamp(min=1e-12)).sum() * draws.numel() > 1000   # the test has power
+    z = torch.randn(9, 300)
+    tok, lp = K.sample(z, 0.8, greedy=True)
+    assert torch.equal(tok, z.argmax(-1))
+    assert torch.allclose(lp, torch.log_softmax(z / 0.8, -1).gather(-1, tok[:, None])[:, 0], atol=1e-5)
+
+
+def _lean_models(char_tokenizer):
+    import transformers
+
+    out = {"qwen2": build_model("tiny")}                                   # q/k/v biases
+    for arch, cls in (("llama", transformers.LlamaConfig), ("qwen3", transformers.Qwen3Config)):
+        cfg = cls(vocab_size=len(char_tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256, head_dim=16,
+                  eos_token_id=char_tokenizer.eos_token_id, pad_token_id=char_tokenizer.pad_token_id)
+        torch.manual_seed(0)
+        out[arch] = (transformers.AutoModelForCausalLM.from_config(cfg), char_tokenizer)
+    return out
+
+
+PROMPTS = ["What is 1+2?", "33+44=", "7*8?", "a"]                      # unequal lengths: left padding
+
+
+@needs_kernels
+def test_sampler_with_kernels_equals_sampler_without(char_tokenizer, monkeypatch):
+    """Greedy rows and log-probs (1e-5) with and without the kernels: Qwen2 (biases), Llama, Qwen3
+    (q/k norm), GQA, left-padded prompts of unequal length."""
+    for name, (model, tok) in _lean_models(char_tokenizer).items():
+        runs = {}
+        for flag in ("1", "0"):
+            monkeypatch.setenv("GRPOKIT_NATIVE", flag)
+            monkeypatch.setattr(native, "_loaded", False)
+            runs[flag] = sample_groups(model, tok, PROMPTS, 2, 24, backend="fast", greedy=True, temperature=0.7,
+                                       suppress_eos=True)
+        a, b = runs["1"], runs["0"]
+        assert torch.equal(a.completion_ids, b.completion_ids), name
+        assert torch.allclose(a.sampling_logprobs, b.sampling_logprobs, atol=1e-5), name
+    monkeypatch.setattr(native, "_loaded", False)
+
+
+@needs_kernels
+def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer):
+    """The engine fed the same tokens with and without kernels: equal logits (1e-5) at every step,
+    across two rounds of finished rows being dropped from the batch and the cache."""
+    from grpokit.rollout import encode_prompts
+
+    for name, (model, tok) in _lean_models(char_tokenizer).items():
+        ids, mask = encode_prompts(tok, PROMPTS, None)
+        torch.manual_seed(1)
+        feed = torch.randint(5, 40, (8, 20))                               # [N, steps] tokens to feed
+        logits = {}
+        for on in (True, False):
+            with torch.no_grad():
+                eng = sampler._LeanEngine(model.eval(), ids, mask, 2, 20)
+                if not on:
+                    eng.dec.native = None
+                rows, out = torch.arange(8), [eng.first_logits()]
+                for t in range(19):
+                    if t in (6, 13):                                      # drop every third live row
+                        keep = torch.tensor([i for i in range(rows.numel()) if i % 3 != 1])
+                        eng.keep_rows(keep, t)
+                        rows = rows[keep]
+                    out.append(eng.step(feed[rows, t], t))
+            logits[on] = out
+        for t, (a, b) in enumerate(zip(logits[True], logits[False])):
+            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5), (name, t)
+
+
+@needs_kernels
+def test_decoder_uses_kernels_for_float32_cpu_only(tiny_model):
+    assert sampler.LeanDecoder(tiny_model, 2, 16).native is K
+    assert sampler.LeanDecoder(tiny_model.to(torch.bfloat16), 2, 16).native is None
+
+
+def test_no_compiler_falls_back_to_torch_ops(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_loaded", False)
+    with caplog.at_level(logging.INFO, logger="grpokit"):
+        assert native.kernels() is None
+    assert "decoding with PyTorch ops" in caplog.text
+    model, tok = build_model("tiny")
+    r = sample_groups(model, tok, bench_prompts(2), 2, 8, backend="fast", suppress_eos=True)
+    assert r.completion_ids.shape == (4, 8)
+    monkeypatch.setattr(native, "_loaded", False)
+
+
+def test_build_is_cached_and_can_be_switched_off(monkeypatch, tmp_path, torch_ops):
+    assert native.kernels() is None                                       # GRPOKIT_NATIVE=0
+    if native._compiler() is None:
+        pytest.skip("no C compiler")
+    first = native.build(tmp_path)
+    assert first is not None and first.parent == tmp_path
+    stamp = first.stat().st_mtime_ns
+    assert native.build(tmp_path) == first and first.stat().st_mtime_ns == stamp   # found, not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]           # no temporary file left behind
