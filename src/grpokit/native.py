@@ -67,7 +67,7 @@ def _compiler() -> str | None:
 def build(out_dir: Path | None = None) -> Path | None:
     """Compile the kernels (or find them already built); the library's path, or None when no build works."""
     cc = _compiler()
-    if cc is None:
+    if cc is None or not SOURCE.is_file():                                # no compiler, or an install without csrc/
         return None
     src = SOURCE.read_bytes()
     try:
@@ -153,7 +153,16 @@ def kernels() -> DecodeKernels | None:
         if os.environ.get("GRPOKIT_NATIVE", "1") != "0":
             path = build()
             if path is None:
-                log.info("sampler: no C compiler could build %s; decoding with PyTorch ops", SOURCE.name)
+                log.info("sampler: could not build %s (needs a C compiler, `cc` or $CC, and a writable %s; "
+                         "set GRPOKIT_CACHE to another folder); decoding with PyTorch ops", SOURCE.name, cache_dir())
             else:
                 _loaded = DecodeKernels(ctypes.CDLL(str(path)))
     return _loaded
+
+
+def kernels_for(model) -> DecodeKernels | None:
+    """The kernels for this model's decode steps: float32 weights on the CPU only (else None: PyTorch ops)."""
+    params = list(model.parameters())
+    if not params or params[0].device.type != "cpu" or any(p.dtype != torch.float32 for p in params):
+        return None
+    return kernels()

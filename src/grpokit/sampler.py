@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .logprobs import CACHE_MODEL_TYPES, cache_kwarg, position_ids_from_mask
+from .native import kernels_for
 from .sampling import pick_tokens
 
 log = logging.getLogger("grpokit")
@@ -87,16 +88,6 @@ def lean_supported(model, max_positions: int) -> bool:
     if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
         return False                                                      # hooks would be bypassed
     return _plain_linear(model.get_output_embeddings())
-
-
-def _native_kernels(model):
-    """grpokit.native's kernels when they apply: float32 weights on the CPU (else None: PyTorch ops)."""
-    p = next(model.parameters())
-    if p.device.type != "cpu" or any(q.dtype != torch.float32 for q in model.parameters()):
-        return None
-    from .native import kernels
-
-    return kernels()
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -175,7 +166,7 @@ class LeanDecoder:
         self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
         self.kv = torch.empty(len(self.layers), 2, rows, self.nkv, max_len, self.hd, dtype=w.dtype, device=w.device)
         self.record, self.record_step = None, None   # an ActivationRecord (grpokit.reuse), the decode step
-        self.native = _native_kernels(model)         # fused C kernels for decode steps (grpokit.native) or None
+        self.native = kernels_for(model)             # fused C kernels for decode steps (grpokit.native) or None
         self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")
 
     def dims(self) -> dict[str, int]:
