@@ -234,3 +234,30 @@ def test_rng_states_round_trip():
     set_rng_state(saved)
     again = (random.random(), np.random.rand(), torch.rand(3))
     assert draws[:2] == again[:2] and torch.equal(draws[2], again[2])
+
+
+def test_a_kill_while_pruning_old_checkpoints_leaves_every_checkpoint_whole(saved_state, monkeypatch):
+    state, first = saved_state
+    out = first.parent
+    for step in (2, 4):
+        state.step = step
+        checkpoint.save_checkpoint(state, out)  # limit 2: saving 4 prunes checkpoint-0
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(path, ignore_errors=False):  # deletes one file, then the process dies
+        files = sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else []
+        if files:
+            files[0].unlink()
+            raise SystemExit("SIGKILL")
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_midway)
+    state.step = 6
+    with pytest.raises(SystemExit):
+        checkpoint.save_checkpoint(state, out)  # prunes checkpoint-2 and is killed inside the delete
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    assert [p.name for p in checkpoint.list_checkpoints(out)] == ["checkpoint-4", "checkpoint-6"]
+    assert all(verify_checkpoint(p) is None for p in checkpoint.list_checkpoints(out))
+    assert (out / ".old-checkpoint-2").is_dir()  # the half-deleted one is hidden, not a checkpoint
+    checkpoint.prepare_output_dir(tiny(out, **{"run.resume": True}))
+    assert not list(out.glob(".old-*"))  # and the next start removes it

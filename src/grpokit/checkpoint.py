@@ -244,7 +244,12 @@ def save_checkpoint(state, out_dir: str | Path, metrics_row: dict[str, Any] | No
     limit = state.cfg.run.save_total_limit
     if limit:
         for old_ckpt in [p for p in list_checkpoints(out) if p != final][:-limit + 1 or None]:
-            shutil.rmtree(old_ckpt, ignore_errors=True)
+            # rename first: a kill inside rmtree then leaves a hidden leftover (removed at the next
+            # start), never a half-deleted checkpoint-<step> that a resume would have to skip
+            aside = out / f".old-{old_ckpt.name}"
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(old_ckpt, aside)
+            shutil.rmtree(aside, ignore_errors=True)
     return final
 
 
