@@ -17,6 +17,7 @@ from grpokit import checkpoint
 from grpokit.checkpoint import CheckpointError, rng_state, set_rng_state, verify_checkpoint
 from grpokit.config import build_config
 from grpokit.metrics import read_metrics
+from grpokit import trainer
 from grpokit.trainer import build_state, train_grpo
 
 EASY = str(Path(__file__).with_name("easy_rewards.py")) + ":share_of_a"  # a reward with signal: weights move
@@ -261,3 +262,19 @@ def test_a_kill_while_pruning_old_checkpoints_leaves_every_checkpoint_whole(save
     assert (out / ".old-checkpoint-2").is_dir()  # the half-deleted one is hidden, not a checkpoint
     checkpoint.prepare_output_dir(tiny(out, **{"run.resume": True}))
     assert not list(out.glob(".old-*"))  # and the next start removes it
+
+
+def test_the_final_export_is_swapped_in_whole(full_run, tmp_path, monkeypatch):
+    out, state = full_run
+    final = tmp_path / "final"
+    trainer.save_final(state, final)
+    before = weights(final)
+
+    def killed(*args, **kwargs):  # the process dies while the new export is being written
+        raise SystemExit("SIGKILL")
+
+    monkeypatch.setattr(state.tokenizer, "save_pretrained", killed)
+    with pytest.raises(SystemExit):
+        trainer.save_final(state, final)
+    assert_same(weights(final), before)  # the previous export is untouched, the partial one hidden
+    assert (tmp_path / ".tmp-final").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == [".tmp-final", "final"]

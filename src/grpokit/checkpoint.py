@@ -77,7 +77,8 @@ def list_checkpoints(out_dir: str | Path) -> list[Path]:
 def prepare_output_dir(cfg) -> None:
     """Create run.output_dir; refuse one holding another run unless run.resume or run.overwrite is set.
 
-    Leftovers of a save that was killed (`.tmp-checkpoint-*`) are removed.
+    Leftovers of a save or delete that was killed (`.tmp-checkpoint-*`, `.old-checkpoint-*`,
+    `.tmp-final`, `.old-final`) are removed.
     """
     out = Path(cfg.run.output_dir)
     if out.exists() and not out.is_dir():
@@ -91,7 +92,8 @@ def prepare_output_dir(cfg) -> None:
             for item in out.iterdir():
                 shutil.rmtree(item) if item.is_dir() else item.unlink()
         out.mkdir(parents=True, exist_ok=True)
-        for stale in list(out.glob(".tmp-checkpoint-*")) + list(out.glob(".old-checkpoint-*")):
+        for stale in [p for pattern in (".tmp-checkpoint-*", ".old-checkpoint-*", ".tmp-final", ".old-final")
+                      for p in out.glob(pattern)]:
             shutil.rmtree(stale, ignore_errors=True)
         probe = out / ".grpokit-write-test"
         probe.write_text("ok")
@@ -201,6 +203,31 @@ def point_latest(out: Path, name: str) -> None:
     _fsync(out)
 
 
+def swap_in(tmp: Path, final: Path) -> None:
+    """Put the finished folder tmp at final: an existing final is renamed aside first, then deleted.
+
+    Each step is a rename, so a kill at any moment leaves either the old or the new folder under
+    final's name (or none, never a half-written or half-deleted one); the hidden leftovers
+    (`.old-<name>`, `.tmp-<name>`) are removed at the next start (`prepare_output_dir`).
+    """
+    parent = final.parent
+    if final.exists():
+        old = parent / f".old-{final.name}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, final)
+    _fsync(parent)
+
+
+def retire(folder: Path) -> None:
+    """Delete folder by renaming it to `.old-<name>` first (a kill mid-delete leaves no half folder)."""
+    aside = folder.parent / f".old-{folder.name}"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def save_checkpoint(state, out_dir: str | Path, metrics_row: dict[str, Any] | None = None) -> Path:
     """Write checkpoint-<step> atomically, point `latest` at it, keep the newest run.save_total_limit.
 
@@ -228,13 +255,7 @@ def save_checkpoint(state, out_dir: str | Path, metrics_row: dict[str, Any] | No
         tmp.mkdir(parents=True)
         _write_files(state, tmp, out, metrics_row)
         _test_pause(state.step)
-        if final.exists():  # the same step saved again after a fallback: move the old one aside first
-            old = out / f".old-checkpoint-{state.step}"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, final)
-        _fsync(out)
+        swap_in(tmp, final)  # the same step saved again after a fallback replaces the old folder
         point_latest(out, final.name)
     except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
@@ -244,12 +265,7 @@ def save_checkpoint(state, out_dir: str | Path, metrics_row: dict[str, Any] | No
     limit = state.cfg.run.save_total_limit
     if limit:
         for old_ckpt in [p for p in list_checkpoints(out) if p != final][:-limit + 1 or None]:
-            # rename first: a kill inside rmtree then leaves a hidden leftover (removed at the next
-            # start), never a half-deleted checkpoint-<step> that a resume would have to skip
-            aside = out / f".old-{old_ckpt.name}"
-            shutil.rmtree(aside, ignore_errors=True)
-            os.replace(old_ckpt, aside)
-            shutil.rmtree(aside, ignore_errors=True)
+            retire(old_ckpt)  # never a half-deleted checkpoint-<step> that a resume would have to skip
     return final
 
 

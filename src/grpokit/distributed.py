@@ -36,6 +36,7 @@ import datetime
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -342,13 +343,18 @@ class Distributed:
 
     def save_pretrained(self, state: Any, out_dir: str | Path) -> Path:
         """The final save_pretrained folder, written by rank 0 from the full weights."""
+        from . import checkpoint
+
         out = Path(out_dir)
         weights = self.full_state_dict(state.model)          # collective under FSDP: every rank calls it
-        if self.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            state.model.save_pretrained(out, state_dict=weights)
-            state.tokenizer.save_pretrained(out)
-            (out / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
+        if self.is_main:                                     # written aside, then renamed (checkpoint.swap_in)
+            tmp = out.parent / f".tmp-{out.name}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            state.model.save_pretrained(tmp, state_dict=weights)
+            state.tokenizer.save_pretrained(tmp)
+            (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
+            checkpoint.swap_in(tmp, out)
         self.barrier()
         return out
 

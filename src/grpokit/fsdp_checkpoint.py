@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ def save_sharded(dist: Distributed, state: Any, out_dir: Path) -> Path:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-    from .checkpoint import point_latest, rng_state
+    from .checkpoint import point_latest, retire, rng_state, swap_in
 
     final, tmp = out_dir / f"checkpoint-{state.step}", out_dir / f".tmp-checkpoint-{state.step}"
     if dist.is_main:
@@ -48,12 +47,11 @@ def save_sharded(dist: Distributed, state: Any, out_dir: Path) -> Path:
                     "step": state.step, "cursor": state.stream.cursor, "bad_steps": state.bad_steps,
                     "world_size": dist.world_size}, tmp / "trainer_state.pt")
         (tmp / "config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        swap_in(tmp, final)
         point_latest(out_dir, final.name)
         limit = state.cfg.run.save_total_limit
         for old in (_checkpoint_dirs(out_dir)[:-limit] if limit else []):
-            shutil.rmtree(old, ignore_errors=True)
+            retire(old)
     dist.barrier()
     return final
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from . import checkpoint
 from .advantages import group_advantages, process_advantages
 from .config import GRPOConfig
 from .data import PromptStream
@@ -279,13 +281,16 @@ def save_final(state: TrainState, out_dir: str | Path) -> Path:
     if state.dist.enabled:  # several ranks: rank 0 writes the full weights (gathered from shards under FSDP)
         return state.dist.save_pretrained(state, out_dir)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}"     # written aside, then renamed: a kill leaves no half export
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     if is_peft_model(state.model):  # LoRA: the adapter here, a merged plain model in out/merged
-        state.tokenizer.save_pretrained(save_lora(state.model, out))
+        state.tokenizer.save_pretrained(save_lora(state.model, tmp))
     else:
-        state.model.save_pretrained(out)
-    state.tokenizer.save_pretrained(out)
-    (out / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
+        state.model.save_pretrained(tmp)
+    state.tokenizer.save_pretrained(tmp)
+    (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
+    checkpoint.swap_in(tmp, out)
     return out
 
 
@@ -306,7 +311,6 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
     """
     from tqdm import tqdm
 
-    from . import checkpoint
     from .loggers import build_loggers, resolve_report_to
     from .metrics import MetricsWriter, finish_step_row, format_console
     from .tracking import Tracker
