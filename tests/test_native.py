@@ -139,10 +139,13 @@ def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer):
         torch.manual_seed(1)
         feed = torch.randint(5, 40, (8, 20))                               # [N, steps] tokens to feed
         logits = {}
-        for on in (True, False):
+        for mode in ("whole", "layers", "torch"):                         # one C call / per layer / no kernels
             with torch.no_grad():
                 eng = sampler._LeanEngine(model.eval(), ids, mask, 2, 20)
-                if not on:
+                assert (eng.dec.whole is not None) == K.whole_step, name  # unpacked weights: the one-call path
+                if mode != "whole":
+                    eng.dec.whole = None
+                if mode == "torch":
                     eng.dec.native = None
                 rows, out = torch.arange(8), [eng.first_logits()]
                 for t in range(19):
@@ -151,9 +154,42 @@ def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer):
                         eng.keep_rows(keep, t)
                         rows = rows[keep]
                     out.append(eng.step(feed[rows, t], t))
-            logits[on] = out
-        for t, (a, b) in enumerate(zip(logits[True], logits[False])):
-            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5), (name, t)
+            logits[mode] = out
+        for mode in ("whole", "layers"):
+            for t, (a, b) in enumerate(zip(logits[mode], logits["torch"])):
+                assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5), (name, mode, t)
+
+
+@needs_kernels
+@pytest.mark.skipif(K is None or not K.whole_step, reason="no BLAS sgemm_ symbol in this PyTorch build")
+@pytest.mark.parametrize("M,K_,N,bias", [(1, 7, 3, True), (32, 128, 256, True), (9, 64, 1000, False), (5, 512, 96, False)])
+def test_c_linear_through_torch_sgemm_equals_f_linear(M, K_, N, bias):
+    torch.manual_seed(M)
+    x, W = torch.randn(M, K_), torch.randn(N, K_)
+    b = torch.randn(N) if bias else None
+    y = torch.full((M, N), float("nan"))
+    K._lib_linear(x.data_ptr(), M, K_, W.data_ptr(), None if b is None else b.data_ptr(), N, y.data_ptr())
+    assert torch.allclose(y, F.linear(x, W, b), atol=1e-4)
+
+
+@needs_kernels
+def test_one_call_step_only_where_it_applies(tiny_model, monkeypatch):
+    """Packed (oneDNN) weights and non-SiLU MLPs keep the per-layer path; a recording decoder (reuse)
+    takes the per-layer path at every step, since only it hands each projection to the record."""
+    assert (sampler.LeanDecoder(tiny_model, 2, 16).whole is not None) == K.whole_step
+    monkeypatch.setattr(sampler, "PACK_MIN_ELEMENTS", 1)                  # every weight packed
+    assert sampler.LeanDecoder(tiny_model, 2, 16).whole is None
+    monkeypatch.undo()
+    dec = sampler.LeanDecoder(tiny_model, 2, 16)
+    dec.silu = False
+    assert native.WholeStep.plan(dec, 2) is None
+    dec = sampler.LeanDecoder(tiny_model, 2, 16)
+    calls = []
+    monkeypatch.setattr(native.WholeStep, "__call__", lambda self, *a: calls.append(a))
+    dec.record = object()                                                  # stands in for an ActivationRecord
+    monkeypatch.setattr(dec, "_layers_native", lambda h, *a: h)            # the per-layer path, stubbed out
+    dec.step(torch.tensor([3, 4]), torch.tensor([0, 0]), 0, torch.ones(2, 16, dtype=torch.bool))
+    assert calls == []
 
 
 @needs_kernels

@@ -4,6 +4,9 @@ A decode step of a small model is bound by per-operation overhead: about 30 PyTo
 at ~5-10 us each, several times the step's matmuls (docs/performance.md). The C file replaces the
 calls between the matmuls with fused kernels (residual + RMSNorm; q/k norm + rotary + cache write +
 attention; SiLU(gate) * up), so a layer is 4 matmuls and 4 kernel calls; a fifth draws the tokens.
+Where no weight is packed for oneDNN (models below ~512 x 512 matrices), `WholeStep` runs the whole
+step, matmuls included, in one C call: the matmuls go to the sgemm of the BLAS PyTorch links (checked
+against F.linear when the library loads), which removes the per-layer Python work too.
 
 The library is built once per machine with the system C compiler into the user cache
 ($GRPOKIT_CACHE, else $XDG_CACHE_HOME/grpokit, else ~/.cache/grpokit), keyed by the source, the
@@ -39,7 +42,13 @@ _SIGNATURES = {
     "gk_rope_attend": [_P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _I, _P, _I, _I, _I, _I, _I, _F, _P],
     "gk_sample": [_P, _I, _I, _F, _P, ctypes.c_int, _P, _P],
     "gk_silu_mul": [_P, _I, _I, _P],
+    "gk_set_sgemm": [_P],
+    "gk_linear": [_P, _I, _I, _P, _P, _I, _P],
+    "gk_decode_step": [_I, _P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _I, _I,
+                       _I, _P, _I, _P, _P],
 }
+# gk_decode_step's weight pointers per layer, in the C enum's order (None: no bias / no q, k norm)
+LAYER_WEIGHTS = ("qkv_w", "qkv_b", "o_w", "o_b", "gu_w", "gu_b", "down_w", "down_b", "ln1", "ln2", "q_norm", "k_norm")
 _loaded: DecodeKernels | None | bool = False      # False: not tried yet
 
 
@@ -97,7 +106,7 @@ def build(out_dir: Path | None = None) -> Path | None:
 
 
 class DecodeKernels:
-    """ctypes bindings of the two kernels; arguments are checked by the caller (`LeanDecoder`)."""
+    """ctypes bindings of the kernels; arguments are checked by the caller (`LeanDecoder`, `WholeStep`)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         for name, args in _SIGNATURES.items():
@@ -105,6 +114,8 @@ class DecodeKernels:
             getattr(lib, name).restype = None
         self._add_rms, self._rope_attend, self._sample = lib.gk_add_rms, lib.gk_rope_attend, lib.gk_sample
         self._silu_mul = lib.gk_silu_mul
+        self._decode_step, self._lib_linear = lib.gk_decode_step, lib.gk_linear
+        self.whole_step = _hand_over_sgemm(lib)   # False: no usable BLAS symbol, the per-layer path only
 
     def add_rms(self, h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float,
                 out: torch.Tensor) -> None:
@@ -143,6 +154,78 @@ class DecodeKernels:
         self._sample(logits.data_ptr(), n, V, temperature, None if u is None else u.data_ptr(), int(greedy),
                      tok.data_ptr(), lp.data_ptr())
         return tok, lp
+
+
+class WholeStep:
+    """A LeanDecoder's decode step as one gk_decode_step call: every layer and the lm-head, matmuls by
+    PyTorch's own sgemm. Built by `plan`, which returns None where the per-layer path must run."""
+
+    def __init__(self, dec, k: DecodeKernels, rows: int) -> None:
+        self.dec, self.k = dec, k
+        w0 = dec.layers[0]
+        self.I = w0["down"].weight.shape[1]
+        tensors = [{"qkv_w": w["qkv"].weight, "qkv_b": w["qkv"].bias, "o_w": w["o"].weight, "o_b": w["o"].bias,
+                    "gu_w": w["gu"].weight, "gu_b": w["gu"].bias, "down_w": w["down"].weight,
+                    "down_b": w["down"].bias, "ln1": w["ln1"], "ln2": w["ln2"], "q_norm": w["q_norm"],
+                    "k_norm": w["k_norm"]} for w in dec.layers]
+        ptrs = [None if t is None else t.data_ptr() for layer in tensors for t in (layer[k] for k in LAYER_WEIGHTS)]
+        self.ptrs = (ctypes.c_void_p * len(ptrs))(*ptrs)    # the tensors stay alive in dec.layers
+        H, width = dec.embed.shape[1], (dec.nh + 2 * dec.nkv) * dec.hd
+        self.work = dec.embed.new_empty(rows * (3 * H + width + dec.nh * dec.hd + 3 * self.I))
+
+    @staticmethod
+    def plan(dec, rows: int) -> WholeStep | None:
+        """A WholeStep when the kernels and a checked sgemm are there, the MLP is SiLU-gated, no weight is
+        packed for oneDNN (those run faster through it), every tensor is contiguous and every layer has
+        the same attention scale; else None."""
+        k = dec.native
+        if k is None or not k.whole_step or not dec.silu or dec.head.packed is not None:
+            return None
+        linears = [w[name] for w in dec.layers for name in ("qkv", "o", "gu", "down")] + [dec.head]
+        others = [t for w in dec.layers for t in (w["ln1"], w["ln2"], w["q_norm"], w["k_norm"]) if t is not None]
+        if any(m.packed is not None for m in linears) or len({w["scale"] for w in dec.layers}) != 1:
+            return None
+        tensors = others + [dec.embed, dec.final_norm] + [t for m in linears for t in (m.weight, m.bias) if t is not None]
+        return WholeStep(dec, k, rows) if all(t.is_contiguous() for t in tensors) else None
+
+    def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
+        """tok, pos [n] (int64), key_mask [n, >= slot + 1] -> logits [n, V]; the cache slot `slot` is written."""
+        d, n = self.dec, tok.shape[0]
+        head_w, head_b = d.head.weight, d.head.bias
+        V, H = head_w.shape
+        tok, pos, key_mask = tok.contiguous(), pos.contiguous(), key_mask.contiguous()
+        logits = head_w.new_empty(n, V)
+        self.k._decode_step(len(d.layers), self.ptrs, d.final_norm.data_ptr(), head_w.data_ptr(),
+                            None if head_b is None else head_b.data_ptr(), V, d.embed.data_ptr(), tok.data_ptr(), n,
+                            H, self.I, d.nh, d.nkv, d.hd, d.eps, d.layers[0]["scale"], pos.data_ptr(),
+                            d.cos.data_ptr(), d.sin.data_ptr(), d.kv.data_ptr(), d.kv.shape[2], d.kv.shape[4], slot,
+                            key_mask.data_ptr(), key_mask.stride(0), self.work.data_ptr(), logits.data_ptr())
+        return logits
+
+
+def _blas_sgemm() -> int | None:
+    """Address of the Fortran sgemm_ in the BLAS PyTorch links (MKL in the x86 wheels), or None."""
+    lib_dir = Path(torch.__file__).resolve().parent / "lib"
+    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib"):
+        try:
+            return ctypes.cast(ctypes.CDLL(str(lib_dir / name)).sgemm_, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def _hand_over_sgemm(lib: ctypes.CDLL) -> bool:
+    """Give the kernels PyTorch's sgemm, then check it on odd shapes with a bias against F.linear (a BLAS
+    that does not compute it right leaves the per-layer path in charge)."""
+    fn = _blas_sgemm()
+    if fn is None:
+        return False
+    lib.gk_set_sgemm(fn)
+    g = torch.Generator().manual_seed(0)
+    x, W, b = torch.randn(5, 7, generator=g), torch.randn(3, 7, generator=g), torch.randn(3, generator=g)
+    y = torch.full((5, 3), float("nan"))
+    lib.gk_linear(x.data_ptr(), 5, 7, W.data_ptr(), b.data_ptr(), 3, y.data_ptr())
+    return bool(torch.allclose(y, torch.nn.functional.linear(x, W, b), atol=1e-5))
 
 
 def kernels() -> DecodeKernels | None:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .logprobs import CACHE_MODEL_TYPES, cache_kwarg, position_ids_from_mask
-from .native import kernels_for
+from .native import WholeStep, kernels_for
 from .sampling import pick_tokens
 
 log = logging.getLogger("grpokit")
@@ -168,6 +168,7 @@ class LeanDecoder:
         self.record, self.record_step = None, None   # an ActivationRecord (grpokit.reuse), the decode step
         self.native = kernels_for(model)             # fused C kernels for decode steps (grpokit.native) or None
         self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")
+        self.whole = WholeStep.plan(self, rows)      # the whole step in one C call where it applies, or None
 
     def dims(self) -> dict[str, int]:
         """Output width of each projection (what an ActivationRecord stores per position)."""
@@ -219,6 +220,8 @@ class LeanDecoder:
     def step(self, tok: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
         """One token per row: tok, pos [n]; key_mask [n, >= slot + 1] (valid key slots). Returns logits [n, V]."""
         n = tok.shape[0]
+        if self.whole is not None and self.record is None:
+            return self.whole(tok, pos, slot, key_mask)
         if self.native is not None:
             return self.head(self._layers_native(F.embedding(tok, self.embed), pos, slot, key_mask))
         h = self._layers(F.embedding(tok[:, None], self.embed), self.cos[pos][:, None, None],

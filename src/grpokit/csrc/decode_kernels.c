@@ -2,7 +2,7 @@
  *
  * On a small model a decode step is ~30 tiny PyTorch ops per layer, each paying ~5-10 us of
  * dispatch: the step costs several times its matmuls. The matmuls stay in PyTorch (MKL/oneDNN);
- * these two kernels replace everything between them (grpokit/native.py loads them, the sampler's
+ * these kernels replace everything between them (grpokit/native.py loads them, the sampler's
  * LeanDecoder calls them):
  *
  *   gk_add_rms      h += y (the residual), then out = w * h / sqrt(mean(h^2) + eps)   (RMSNorm)
@@ -11,6 +11,8 @@
  *   gk_silu_mul     out = silu(gate) * up from the fused [gate | up] projection
  *   gk_sample       one token per row from softmax(z / tau) by inverse CDF (the first i with
  *                   cdf_i > u cdf_V, given u ~ U[0,1)) or argmax, and its log-prob z_i / tau - logsumexp(z / tau)
+ *   gk_decode_step  a whole decode step (embedding, every layer, lm-head) in one call, the matmuls by the
+ *                   BLAS sgemm PyTorch links: for models whose weights are not packed for oneDNN
  *
  * Rotary uses the table convention of the Python decoder: out_j = x_j cos_j + x_{(j+hd/2) mod hd} s_j
  * with s = [-sin_1, sin_2] (rotate_half folded into the sign). Results equal the eager ops to fp32
@@ -217,4 +219,61 @@ void gk_sample(const float *logits, int64_t n, int64_t V, float temperature, con
         lp[r] = (z[pick] / temperature - mx) - logf(total);
         free(e);
     }
+}
+
+/* ---- the whole decode step in one call (models whose weights are not packed for oneDNN) --------
+ * Python's per-layer loop costs ~20 calls per layer of dispatch and argument conversion, a quarter
+ * of a small model's step. The matmuls go to the BLAS sgemm that PyTorch itself links (its address
+ * is handed over once by gk_set_sgemm); between them run the kernels above. */
+/* The integer arguments point at int64 values that fit in 32 bits: on little-endian machines an LP64
+ * BLAS (32-bit ints) and an ILP64 one (64-bit) both read them right. */
+typedef void (*gk_sgemm_fn)(const char *, const char *, const void *, const void *, const void *, const float *,
+                            const float *, const void *, const float *, const void *, const float *, float *,
+                            const void *);
+static gk_sgemm_fn gk_sgemm = NULL;
+
+void gk_set_sgemm(void *fn) { gk_sgemm = (gk_sgemm_fn)fn; }
+
+/* y [M, N] = x [M, K] W^T + b, W [N, K] row-major (column-major: y^T = W x^T, W read transposed). */
+void gk_linear(const float *x, int64_t M, int64_t K, const float *W, const float *b, int64_t N, float *y) {
+    float one = 1.0f, beta = 0.0f;
+    if (b) {
+        for (int64_t r = 0; r < M; r++) memcpy(y + r * N, b, (size_t)N * sizeof(float));
+        beta = 1.0f;
+    }
+    int64_t m = N, n = M, k = K;
+    gk_sgemm("T", "N", &m, &n, &k, &one, W, &k, x, &k, &beta, y, &m);
+}
+
+enum { GK_QKV_W, GK_QKV_B, GK_O_W, GK_O_B, GK_GU_W, GK_GU_B, GK_DOWN_W, GK_DOWN_B, GK_LN1, GK_LN2, GK_QN, GK_KN,
+       GK_PER_LAYER };
+
+/* tok [n] at positions pos [n] (cache slot `slot`) -> logits [n, V].
+ *   w      [layers * GK_PER_LAYER] weight pointers in the enum's order (biases and q/k norms may be NULL)
+ *   kv     [layers, 2, R, nkv, S, hd] the cache (R >= n rows allocated; rows 0..n-1 are live)
+ *   work   n * (3 H + (nh + 2 nkv) hd + nh hd + 3 I) floats of scratch */
+void gk_decode_step(int64_t layers, const float *const *w, const float *final_norm, const float *head_w,
+                    const float *head_b, int64_t V, const float *embed, const int64_t *tok, int64_t n, int64_t H,
+                    int64_t I, int64_t nh, int64_t nkv, int64_t hd, float eps, float scale, const int64_t *pos,
+                    const float *cos_t, const float *sin_t, float *kv, int64_t R, int64_t S, int64_t slot,
+                    const uint8_t *mask, int64_t mask_stride, float *work, float *logits) {
+    int64_t width = (nh + 2 * nkv) * hd, cache = R * nkv * S * hd;
+    float *h = work, *x = h + n * H, *y = x + n * H, *qkv = y + n * H, *att = qkv + n * width;
+    float *gu = att + n * nh * hd, *act = gu + n * 2 * I;
+    for (int64_t r = 0; r < n; r++) memcpy(h + r * H, embed + tok[r] * H, (size_t)H * sizeof(float));
+    gk_add_rms(h, NULL, w[GK_LN1], eps, n, H, x);
+    for (int64_t l = 0; l < layers; l++) {
+        const float *const *p = w + l * GK_PER_LAYER;
+        float *kc = kv + 2 * l * cache;
+        gk_linear(x, n, H, p[GK_QKV_W], p[GK_QKV_B], width, qkv);
+        gk_rope_attend(qkv, pos, cos_t, sin_t, p[GK_QN], p[GK_KN], eps, kc, kc + cache, S, slot, mask, mask_stride,
+                       n, nh, nkv, hd, scale, att);
+        gk_linear(att, n, nh * hd, p[GK_O_W], p[GK_O_B], H, y);
+        gk_add_rms(h, y, p[GK_LN2], eps, n, H, x);
+        gk_linear(x, n, H, p[GK_GU_W], p[GK_GU_B], 2 * I, gu);
+        gk_silu_mul(gu, n, I, act);
+        gk_linear(act, n, I, p[GK_DOWN_W], p[GK_DOWN_B], H, y);
+        gk_add_rms(h, y, l + 1 < layers ? w[(l + 1) * GK_PER_LAYER + GK_LN1] : final_norm, eps, n, H, x);
+    }
+    gk_linear(x, n, H, head_w, head_b, V, logits);
 }
