@@ -162,6 +162,35 @@ def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer):
 
 @needs_kernels
 @pytest.mark.skipif(K is None or not K.whole_step, reason="no BLAS sgemm_ symbol in this PyTorch build")
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_one_call_step_split_over_threads_equals_torch_ops(tiny_model, char_tokenizer, threads):
+    """The one-call step cuts the rows into one range per torch thread (7 rows: ranges of 7, 3 + 4,
+    2 + 2 + 3); every range's logits equal the PyTorch ops' (1e-5) at each step."""
+    from grpokit.rollout import encode_prompts
+
+    ids, mask = encode_prompts(char_tokenizer, PROMPTS[:1] + ["12+30=", "9-2="], None)
+    feed = torch.randint(5, 40, (21, 12), generator=torch.Generator().manual_seed(threads))
+    before = torch.get_num_threads()
+    try:
+        out = {}
+        for mode in ("whole", "torch"):
+            torch.set_num_threads(threads if mode == "whole" else before)
+            with torch.no_grad():
+                eng = sampler._LeanEngine(tiny_model.eval(), ids, mask, 7, 12)
+                assert eng.dec.whole is not None
+                if mode == "torch":
+                    eng.dec.whole, eng.dec.native = None, None
+                keep = torch.arange(0, 21, 3)                              # 7 live rows of 21
+                eng.keep_rows(keep, 0)
+                out[mode] = [eng.step(feed[keep, t], t) for t in range(11)]
+    finally:
+        torch.set_num_threads(before)
+    for t, (a, b) in enumerate(zip(out["whole"], out["torch"])):
+        assert a.shape == (7, b.shape[1]) and torch.allclose(a, b, atol=1e-5), t
+
+
+@needs_kernels
+@pytest.mark.skipif(K is None or not K.whole_step, reason="no BLAS sgemm_ symbol in this PyTorch build")
 @pytest.mark.parametrize("M,K_,N,bias", [(1, 7, 3, True), (32, 128, 256, True), (9, 64, 1000, False), (5, 512, 96, False)])
 def test_c_linear_through_torch_sgemm_equals_f_linear(M, K_, N, bias):
     torch.manual_seed(M)

@@ -45,7 +45,7 @@ _SIGNATURES = {
     "gk_set_sgemm": [_P],
     "gk_linear": [_P, _I, _I, _P, _P, _I, _P],
     "gk_decode_step": [_I, _P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _I, _I,
-                       _I, _P, _I, _P, _P],
+                       _I, _P, _I, _P, _P, _I],
 }
 # gk_decode_step's weight pointers per layer, in the C enum's order (None: no bias / no q, k norm)
 LAYER_WEIGHTS = ("qkv_w", "qkv_b", "o_w", "o_b", "gu_w", "gu_b", "down_w", "down_b", "ln1", "ln2", "q_norm", "k_norm")
@@ -158,7 +158,9 @@ class DecodeKernels:
 
 class WholeStep:
     """A LeanDecoder's decode step as one gk_decode_step call: every layer and the lm-head, matmuls by
-    PyTorch's own sgemm. Built by `plan`, which returns None where the per-layer path must run."""
+    PyTorch's own sgemm. The rows are split over torch's threads, each running the whole step for its
+    rows single-threaded (rows never interact in a decode step): one fork and join per step instead of
+    one per operation. Built by `plan`, which returns None where the per-layer path must run."""
 
     def __init__(self, dec, k: DecodeKernels, rows: int) -> None:
         self.dec, self.k = dec, k
@@ -199,7 +201,8 @@ class WholeStep:
                             None if head_b is None else head_b.data_ptr(), V, d.embed.data_ptr(), tok.data_ptr(), n,
                             H, self.I, d.nh, d.nkv, d.hd, d.eps, d.layers[0]["scale"], pos.data_ptr(),
                             d.cos.data_ptr(), d.sin.data_ptr(), d.kv.data_ptr(), d.kv.shape[2], d.kv.shape[4], slot,
-                            key_mask.data_ptr(), key_mask.stride(0), self.work.data_ptr(), logits.data_ptr())
+                            key_mask.data_ptr(), key_mask.stride(0), self.work.data_ptr(), logits.data_ptr(),
+                            max(1, min(torch.get_num_threads(), n)))
         return logits
 
 

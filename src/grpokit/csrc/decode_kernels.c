@@ -248,7 +248,38 @@ void gk_linear(const float *x, int64_t M, int64_t K, const float *W, const float
 enum { GK_QKV_W, GK_QKV_B, GK_O_W, GK_O_B, GK_GU_W, GK_GU_B, GK_DOWN_W, GK_DOWN_B, GK_LN1, GK_LN2, GK_QN, GK_KN,
        GK_PER_LAYER };
 
+/* Rows r0..r1 of one decode step (everything below is per row: rows never meet). */
+static void decode_rows(int64_t r0, int64_t r1, int64_t layers, const float *const *w, const float *final_norm,
+                        const float *head_w, const float *head_b, int64_t V, const float *embed, const int64_t *tok,
+                        int64_t n, int64_t H, int64_t I, int64_t nh, int64_t nkv, int64_t hd, float eps, float scale,
+                        const int64_t *pos, const float *cos_t, const float *sin_t, float *kv, int64_t R, int64_t S,
+                        int64_t slot, const uint8_t *mask, int64_t mask_stride, float *work, float *logits) {
+    int64_t width = (nh + 2 * nkv) * hd, cache = R * nkv * S * hd, m = r1 - r0, row = nkv * S * hd;
+    float *h = work, *x = h + n * H, *y = x + n * H, *qkv = y + n * H, *att = qkv + n * width;
+    float *gu = att + n * nh * hd, *act = gu + n * 2 * I;
+    h += r0 * H, x += r0 * H, y += r0 * H, qkv += r0 * width, att += r0 * nh * hd, gu += r0 * 2 * I, act += r0 * I;
+    for (int64_t r = 0; r < m; r++) memcpy(h + r * H, embed + tok[r0 + r] * H, (size_t)H * sizeof(float));
+    gk_add_rms(h, NULL, w[GK_LN1], eps, m, H, x);
+    for (int64_t l = 0; l < layers; l++) {
+        const float *const *p = w + l * GK_PER_LAYER;
+        float *kc = kv + 2 * l * cache + r0 * row;
+        gk_linear(x, m, H, p[GK_QKV_W], p[GK_QKV_B], width, qkv);
+        gk_rope_attend(qkv, pos + r0, cos_t, sin_t, p[GK_QN], p[GK_KN], eps, kc, kc + cache, S, slot,
+                       mask + r0 * mask_stride, mask_stride, m, nh, nkv, hd, scale, att);
+        gk_linear(att, m, nh * hd, p[GK_O_W], p[GK_O_B], H, y);
+        gk_add_rms(h, y, p[GK_LN2], eps, m, H, x);
+        gk_linear(x, m, H, p[GK_GU_W], p[GK_GU_B], 2 * I, gu);
+        gk_silu_mul(gu, m, I, act);
+        gk_linear(act, m, I, p[GK_DOWN_W], p[GK_DOWN_B], H, y);
+        gk_add_rms(h, y, l + 1 < layers ? w[(l + 1) * GK_PER_LAYER + GK_LN1] : final_norm, eps, m, H, x);
+    }
+    gk_linear(x, m, H, head_w, head_b, V, logits + r0 * V);
+}
+
 /* tok [n] at positions pos [n] (cache slot `slot`) -> logits [n, V].
+ *   parts  the rows are cut into this many ranges, each run start to end on its own OpenMP thread
+ *          (sgemm and the kernels then run single-threaded inside it: no join per operation); 1: the
+ *          operations themselves run multi-threaded
  *   w      [layers * GK_PER_LAYER] weight pointers in the enum's order (biases and q/k norms may be NULL)
  *   kv     [layers, 2, R, nkv, S, hd] the cache (R >= n rows allocated; rows 0..n-1 are live)
  *   work   n * (3 H + (nh + 2 nkv) hd + nh hd + 3 I) floats of scratch */
@@ -256,24 +287,14 @@ void gk_decode_step(int64_t layers, const float *const *w, const float *final_no
                     const float *head_b, int64_t V, const float *embed, const int64_t *tok, int64_t n, int64_t H,
                     int64_t I, int64_t nh, int64_t nkv, int64_t hd, float eps, float scale, const int64_t *pos,
                     const float *cos_t, const float *sin_t, float *kv, int64_t R, int64_t S, int64_t slot,
-                    const uint8_t *mask, int64_t mask_stride, float *work, float *logits) {
-    int64_t width = (nh + 2 * nkv) * hd, cache = R * nkv * S * hd;
-    float *h = work, *x = h + n * H, *y = x + n * H, *qkv = y + n * H, *att = qkv + n * width;
-    float *gu = att + n * nh * hd, *act = gu + n * 2 * I;
-    for (int64_t r = 0; r < n; r++) memcpy(h + r * H, embed + tok[r] * H, (size_t)H * sizeof(float));
-    gk_add_rms(h, NULL, w[GK_LN1], eps, n, H, x);
-    for (int64_t l = 0; l < layers; l++) {
-        const float *const *p = w + l * GK_PER_LAYER;
-        float *kc = kv + 2 * l * cache;
-        gk_linear(x, n, H, p[GK_QKV_W], p[GK_QKV_B], width, qkv);
-        gk_rope_attend(qkv, pos, cos_t, sin_t, p[GK_QN], p[GK_KN], eps, kc, kc + cache, S, slot, mask, mask_stride,
-                       n, nh, nkv, hd, scale, att);
-        gk_linear(att, n, nh * hd, p[GK_O_W], p[GK_O_B], H, y);
-        gk_add_rms(h, y, p[GK_LN2], eps, n, H, x);
-        gk_linear(x, n, H, p[GK_GU_W], p[GK_GU_B], 2 * I, gu);
-        gk_silu_mul(gu, n, I, act);
-        gk_linear(act, n, I, p[GK_DOWN_W], p[GK_DOWN_B], H, y);
-        gk_add_rms(h, y, l + 1 < layers ? w[(l + 1) * GK_PER_LAYER + GK_LN1] : final_norm, eps, n, H, x);
+                    const uint8_t *mask, int64_t mask_stride, float *work, float *logits, int64_t parts) {
+    if (parts <= 1) {
+        decode_rows(0, n, layers, w, final_norm, head_w, head_b, V, embed, tok, n, H, I, nh, nkv, hd, eps, scale,
+                    pos, cos_t, sin_t, kv, R, S, slot, mask, mask_stride, work, logits);
+        return;
     }
-    gk_linear(x, n, H, head_w, head_b, V, logits);
+#pragma omp parallel for num_threads(parts) schedule(static)
+    for (int64_t t = 0; t < parts; t++)
+        decode_rows(t * n / parts, (t + 1) * n / parts, layers, w, final_norm, head_w, head_b, V, embed, tok, n, H,
+                    I, nh, nkv, hd, eps, scale, pos, cos_t, sin_t, kv, R, S, slot, mask, mask_stride, work, logits);
 }
