@@ -155,3 +155,23 @@ def test_decode_linear_packs_only_large_weights_and_agrees_with_f_linear():
             assert torch.allclose(lin_big(x), big(x), atol=1e-5, rtol=1e-5)
             y = torch.randn(rows, 128)
             assert torch.equal(lin_small(y), small(y))
+
+
+@pytest.mark.parametrize("engine", ["lean", "cached", "generate"])
+def test_sampling_leaves_every_module_mode_as_it_was(monkeypatch, engine):
+    """The model's own forward (cached engine, `generate`) runs in eval mode and every module's mode is
+    restored, a block the user froze in eval included; the lean decoder reads the weights only."""
+    if engine == "cached":
+        monkeypatch.setattr(sampler, "lean_supported", lambda model, n: False)
+    model, tok = build_model("tiny")
+    model.train()
+    model.model.layers[1].eval()                                          # a user's frozen block
+    seen = []
+    model.model.layers[0].register_forward_pre_hook(lambda mod, args: seen.append(mod.training))
+    if engine == "lean":
+        monkeypatch.setattr(sampler, "lean_supported", lambda model, n: True)  # the hook alone would refuse it
+    before = {name: m.training for name, m in model.named_modules()}
+    sample_groups(model, tok, bench_prompts(2), 2, 6, backend="generate" if engine == "generate" else "fast",
+                  suppress_eos=True)
+    assert {name: m.training for name, m in model.named_modules()} == before
+    assert seen == ([] if engine == "lean" else [False] * 6)              # prefill + 5 decode steps, in eval

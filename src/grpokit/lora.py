@@ -93,13 +93,10 @@ class DisabledAdapterReference(torch.nn.Module):
     @contextlib.contextmanager
     def base_model_mode(self) -> Iterator[None]:
         """Adapters off and eval mode (no dropout) for the duration; the policy's mode is restored."""
-        was_training = self._policy.training
-        self._policy.eval()
-        try:
-            with self._policy.disable_adapter():
-                yield
-        finally:
-            self._policy.train(was_training)
+        from .models import eval_mode
+
+        with eval_mode(self._policy), self._policy.disable_adapter():
+            yield
 
     @property
     def config(self):

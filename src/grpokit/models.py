@@ -7,11 +7,13 @@ importing it), or the built-in models whose tokenizer is built with the `tokeniz
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import logging
 import string
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -232,3 +234,16 @@ def sync_reference(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float) 
     """Iterative GRPO's reference update: ref <- alpha * policy + (1 - alpha) * ref (alpha = 1: reset)."""
     for r, p in zip(ref.parameters(), policy.parameters()):
         r.mul_(1.0 - alpha).add_(p.detach(), alpha=alpha) if alpha < 1 else r.copy_(p.detach())
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """model.eval() for the duration (no dropout), then every submodule's own mode back: a plain
+    model.train(was_training) would also switch on blocks the caller had frozen in eval mode."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training

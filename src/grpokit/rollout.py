@@ -12,6 +12,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .models import eval_mode
+
 log = logging.getLogger("grpokit")
 
 
@@ -176,12 +178,8 @@ def _generate_backend(model, prompt_ids, prompt_mask, max_new_tokens: int, tempe
         kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
     if suppress_eos:
         kwargs["min_new_tokens"] = max_new_tokens
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
-    finally:
-        model.train(was_training)
     return out[:, prompt_ids.shape[1]:]
 
 

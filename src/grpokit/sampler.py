@@ -25,12 +25,14 @@ which is what `per_token_logprobs` recomputes, so they can stand in for the old 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
 import torch.nn.functional as F
 
 from .logprobs import CACHE_MODEL_TYPES, cache_kwarg, position_ids_from_mask
+from .models import eval_mode
 from .native import WholeStep, kernels_for
 from .sampling import pick_tokens
 
@@ -276,11 +278,10 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
         (completion_ids [B*G, T'], sampling log-probs [B*G, T']), T' <= max_new_tokens (the longest row).
         After a row's first EOS its entries are unspecified: the caller masks them (rollout.py).
     """
-    was_training = model.training
-    model.eval()
-    try:
-        P = prompt_ids.shape[1]
-        if lean_supported(model, P + max_new_tokens):
+    lean = lean_supported(model, prompt_ids.shape[1] + max_new_tokens)
+    # the model's own forward runs in eval mode (no dropout); the lean decoder reads the weights only
+    with contextlib.nullcontext() if lean else eval_mode(model):
+        if lean:
             engine = _LeanEngine(model, prompt_ids, prompt_mask, group_size, max_new_tokens, records is not None)
             if engine.dec.record is not None:
                 engine.dec.record.pays = pays
@@ -292,8 +293,6 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
             engine.dec.record.finish(tokens)
             records.append(engine.dec.record)
         return tokens, logps
-    finally:
-        model.train(was_training)
 
 
 def _decode(engine, N: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
