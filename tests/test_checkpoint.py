@@ -278,3 +278,12 @@ def test_the_final_export_is_swapped_in_whole(full_run, tmp_path, monkeypatch):
         trainer.save_final(state, final)
     assert_same(weights(final), before)  # the previous export is untouched, the partial one hidden
     assert (tmp_path / ".tmp-final").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == [".tmp-final", "final"]
+
+    def fails(*args, **kwargs):  # an ordinary write error: the partial folder is removed, the error raised
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(state.tokenizer, "save_pretrained", fails)
+    with pytest.raises(OSError, match="No space"):
+        trainer.save_final(state, final)
+    assert_same(weights(final), before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]

@@ -24,6 +24,7 @@ files are written, before the rename), so a test can kill the process in the mid
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,7 +33,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -218,6 +219,21 @@ def swap_in(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     os.replace(tmp, final)
     _fsync(parent)
+
+
+@contextlib.contextmanager
+def written_aside(final: Path) -> Iterator[Path]:
+    """A fresh hidden folder `.tmp-<name>` beside final to write into; once the block ends it replaces
+    final (`swap_in`). An error removes it; a kill leaves it for the next start to remove."""
+    tmp = final.parent / f".tmp-{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    swap_in(tmp, final)
 
 
 def retire(folder: Path) -> None:

@@ -36,7 +36,6 @@ import datetime
 import json
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -347,14 +346,11 @@ class Distributed:
 
         out = Path(out_dir)
         weights = self.full_state_dict(state.model)          # collective under FSDP: every rank calls it
-        if self.is_main:                                     # written aside, then renamed (checkpoint.swap_in)
-            tmp = out.parent / f".tmp-{out.name}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            state.model.save_pretrained(tmp, state_dict=weights)
-            state.tokenizer.save_pretrained(tmp)
-            (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
-            checkpoint.swap_in(tmp, out)
+        if self.is_main:
+            with checkpoint.written_aside(out) as tmp:       # then renamed to out
+                state.model.save_pretrained(tmp, state_dict=weights)
+                state.tokenizer.save_pretrained(tmp)
+                (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
         self.barrier()
         return out
 

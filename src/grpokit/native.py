@@ -47,8 +47,6 @@ _SIGNATURES = {
     "gk_decode_step": [_I, _P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _I, _I,
                        _I, _P, _I, _P, _P, _I],
 }
-# gk_decode_step's weight pointers per layer, in the C enum's order (None: no bias / no q, k norm)
-LAYER_WEIGHTS = ("qkv_w", "qkv_b", "o_w", "o_b", "gu_w", "gu_b", "down_w", "down_b", "ln1", "ln2", "q_norm", "k_norm")
 _loaded: DecodeKernels | None | bool = False      # False: not tried yet
 
 
@@ -156,6 +154,13 @@ class DecodeKernels:
         return tok, lp
 
 
+def _layer_tensors(w: dict) -> tuple:
+    """A LeanDecoder layer's tensors in the order of gk_decode_step's per-layer pointers (the C enum
+    GK_QKV_W ... GK_KN); None where there is no bias or no q/k norm."""
+    return (w["qkv"].weight, w["qkv"].bias, w["o"].weight, w["o"].bias, w["gu"].weight, w["gu"].bias,
+            w["down"].weight, w["down"].bias, w["ln1"], w["ln2"], w["q_norm"], w["k_norm"])
+
+
 class WholeStep:
     """A LeanDecoder's decode step as one gk_decode_step call: every layer and the lm-head, matmuls by
     PyTorch's own sgemm. The rows are split over torch's threads, each running the whole step for its
@@ -166,11 +171,7 @@ class WholeStep:
         self.dec, self.k = dec, k
         w0 = dec.layers[0]
         self.I = w0["down"].weight.shape[1]
-        tensors = [{"qkv_w": w["qkv"].weight, "qkv_b": w["qkv"].bias, "o_w": w["o"].weight, "o_b": w["o"].bias,
-                    "gu_w": w["gu"].weight, "gu_b": w["gu"].bias, "down_w": w["down"].weight,
-                    "down_b": w["down"].bias, "ln1": w["ln1"], "ln2": w["ln2"], "q_norm": w["q_norm"],
-                    "k_norm": w["k_norm"]} for w in dec.layers]
-        ptrs = [None if t is None else t.data_ptr() for layer in tensors for t in (layer[k] for k in LAYER_WEIGHTS)]
+        ptrs = [None if t is None else t.data_ptr() for w in dec.layers for t in _layer_tensors(w)]
         self.ptrs = (ctypes.c_void_p * len(ptrs))(*ptrs)    # the tensors stay alive in dec.layers
         H, width = dec.embed.shape[1], (dec.nh + 2 * dec.nkv) * dec.hd
         self.work = dec.embed.new_empty(rows * (3 * H + width + dec.nh * dec.hd + 3 * self.I))
@@ -183,12 +184,12 @@ class WholeStep:
         k = dec.native
         if k is None or not k.whole_step or not dec.silu or dec.head.packed is not None:
             return None
-        linears = [w[name] for w in dec.layers for name in ("qkv", "o", "gu", "down")] + [dec.head]
-        others = [t for w in dec.layers for t in (w["ln1"], w["ln2"], w["q_norm"], w["k_norm"]) if t is not None]
-        if any(m.packed is not None for m in linears) or len({w["scale"] for w in dec.layers}) != 1:
+        if any(w[name].packed is not None for w in dec.layers for name in ("qkv", "o", "gu", "down")) \
+                or len({w["scale"] for w in dec.layers}) != 1:
             return None
-        tensors = others + [dec.embed, dec.final_norm] + [t for m in linears for t in (m.weight, m.bias) if t is not None]
-        return WholeStep(dec, k, rows) if all(t.is_contiguous() for t in tensors) else None
+        tensors = [t for w in dec.layers for t in _layer_tensors(w)] + [dec.embed, dec.final_norm, dec.head.weight,
+                                                                        dec.head.bias]
+        return WholeStep(dec, k, rows) if all(t is None or t.is_contiguous() for t in tensors) else None
 
     def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
         """tok, pos [n] (int64), key_mask [n, >= slot + 1] -> logits [n, V]; the cache slot `slot` is written."""

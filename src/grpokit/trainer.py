@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -281,16 +280,13 @@ def save_final(state: TrainState, out_dir: str | Path) -> Path:
     if state.dist.enabled:  # several ranks: rank 0 writes the full weights (gathered from shards under FSDP)
         return state.dist.save_pretrained(state, out_dir)
     out = Path(out_dir)
-    tmp = out.parent / f".tmp-{out.name}"     # written aside, then renamed: a kill leaves no half export
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if is_peft_model(state.model):  # LoRA: the adapter here, a merged plain model in out/merged
-        state.tokenizer.save_pretrained(save_lora(state.model, tmp))
-    else:
-        state.model.save_pretrained(tmp)
-    state.tokenizer.save_pretrained(tmp)
-    (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
-    checkpoint.swap_in(tmp, out)
+    with checkpoint.written_aside(out) as tmp:   # then renamed to out: a kill leaves no half export
+        if is_peft_model(state.model):  # LoRA: the adapter here, a merged plain model in out/merged
+            state.tokenizer.save_pretrained(save_lora(state.model, tmp))
+        else:
+            state.model.save_pretrained(tmp)
+        state.tokenizer.save_pretrained(tmp)
+        (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
     return out
 
 
