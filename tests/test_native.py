@@ -15,6 +15,35 @@ K = native.kernels()
 needs_kernels = pytest.mark.skipif(K is None, reason="no C compiler could build grpokit's decode kernels")
 
 
+@pytest.fixture(scope="module")
+def portable_kernels(tmp_path_factory):
+    """The kernels built without -march=native: the plain-C loops that machines without AVX2 run."""
+    if K is None:
+        pytest.skip("no C compiler could build grpokit's decode kernels")
+    flag_sets = native.FLAG_SETS
+    native.FLAG_SETS = ([],)
+    try:
+        path = native.build(tmp_path_factory.mktemp("portable"))
+    finally:
+        native.FLAG_SETS = flag_sets
+    assert path is not None
+    import ctypes
+    return native.DecodeKernels(ctypes.CDLL(str(path)))
+
+
+@pytest.fixture(params=["native", "portable"])
+def lib(request):
+    """Each kernel test runs on the default build (AVX2 paths where the CPU has them) and the plain-C one."""
+    return K if request.param == "native" else request.getfixturevalue("portable_kernels")
+
+
+@needs_kernels
+def test_both_code_paths_are_built(portable_kernels):
+    flags = native._cpu_id().split()
+    assert K.vector_width == (8 if "avx2" in flags and "fma" in flags else 1)
+    assert portable_kernels.vector_width == 1
+
+
 @pytest.fixture()
 def torch_ops(monkeypatch):
     """The sampler without native kernels (GRPOKIT_NATIVE=0), restored after the test."""
@@ -31,9 +60,10 @@ def _rope(x, cos, sin):                                                 # x [...
 @needs_kernels
 @pytest.mark.parametrize("nh,nkv,hd,qk_norm", [(4, 2, 32, False), (8, 4, 64, True), (2, 2, 128, False),
                                                (6, 2, 24, True)])
-def test_rope_attend_equals_sdpa_with_masks_and_cache_write(nh, nkv, hd, qk_norm):
+@pytest.mark.parametrize("slot", [29, 4])        # 30 keys: 8-key blocks and a remainder; 5: the remainder only
+def test_rope_attend_equals_sdpa_with_masks_and_cache_write(lib, nh, nkv, hd, qk_norm, slot):
     torch.manual_seed(0)
-    n, S, slot, eps, scale = 5, 40, 29, 1e-6, hd ** -0.5
+    n, S, eps, scale = 5, 40, 1e-6, hd ** -0.5
     qkv = torch.randn(n, (nh + 2 * nkv) * hd)
     pos = torch.randint(0, 30, (n,))
     cos, sin = torch.randn(64, hd), torch.randn(64, hd)
@@ -43,7 +73,7 @@ def test_rope_attend_equals_sdpa_with_masks_and_cache_write(nh, nkv, hd, qk_norm
     mask[:, slot] = True                                                  # a row always sees its own token
     before = kv.clone()
     out = torch.empty(n, nh * hd)
-    K.rope_attend(qkv, pos, cos, sin, qn, kn, eps, kv, slot, mask, nh, scale, out)
+    lib.rope_attend(qkv, pos, cos, sin, qn, kn, eps, kv, slot, mask, nh, scale, out)
 
     q, k, v = qkv.view(n, nh + 2 * nkv, hd).split([nh, nkv, nkv], 1)
     if qk_norm:
@@ -60,26 +90,26 @@ def test_rope_attend_equals_sdpa_with_masks_and_cache_write(nh, nkv, hd, qk_norm
 
 
 @needs_kernels
-def test_add_rms_and_silu_mul_equal_torch():
+def test_add_rms_and_silu_mul_equal_torch(lib):
     torch.manual_seed(0)
     h, y, w = torch.randn(7, 96), torch.randn(7, 96), torch.rand(96)
     out, h0 = torch.empty(7, 96), h.clone()
-    K.add_rms(h, y, w, 1e-6, out)
+    lib.add_rms(h, y, w, 1e-6, out)
     assert torch.allclose(h, h0 + y) and torch.allclose(out, F.rms_norm(h0 + y, (96,), w, 1e-6), atol=1e-6)
-    K.add_rms(h, None, w, 1e-6, out)                                      # no residual: the norm alone
+    lib.add_rms(h, None, w, 1e-6, out)                                      # no residual: the norm alone
     assert torch.allclose(h, h0 + y) and torch.allclose(out, F.rms_norm(h, (96,), w, 1e-6), atol=1e-6)
-    gu = torch.randn(7, 2 * 80) * 30                                      # large |gate|: the exp's clamps
-    gate, up = gu.chunk(2, -1)
-    assert torch.allclose(K.silu_mul(gu), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+    gu = torch.randn(7, 2 * 83) * 30                                      # large |gate|: the exp's clamps
+    gate, up = gu.chunk(2, -1)                                            # 83: 8-wide blocks and a remainder
+    assert torch.allclose(lib.silu_mul(gu), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels
-def test_sample_law_logprobs_greedy_and_zero_mass():
+def test_sample_law_logprobs_greedy_and_zero_mass(lib):
     torch.manual_seed(0)
     logits = torch.randn(1, 50) * 2
     logits[0, 7] = float("-inf")                                          # a suppressed token (EOS blocked)
     for temperature in (1.0, 0.6):
-        draws, lps = K.sample(logits.repeat(60_000, 1), temperature, greedy=False)
+        draws, lps = lib.sample(logits.repeat(60_000, 1), temperature, greedy=False)
         logp = torch.log_softmax(logits[0] / temperature, -1)
         assert torch.allclose(lps, logp[draws], atol=1e-5)
         freq = torch.bincount(draws, minlength=50).double() / draws.numel()
@@ -90,7 +120,7 @@ def test_sample_law_logprobs_greedy_and_zero_mass():
         wrong[7] = 0
         assert ((freq - wrong) ** 2 / wrong.clamp(min=1e-12)).sum() * draws.numel() > 1000   # the test has power
     z = torch.randn(9, 300)
-    tok, lp = K.sample(z, 0.8, greedy=True)
+    tok, lp = lib.sample(z, 0.8, greedy=True)
     assert torch.equal(tok, z.argmax(-1))
     assert torch.allclose(lp, torch.log_softmax(z / 0.8, -1).gather(-1, tok[:, None])[:, 0], atol=1e-5)
 

@@ -43,6 +43,7 @@ _SIGNATURES = {
     "gk_sample": [_P, _I, _I, _F, _P, ctypes.c_int, _P, _P],
     "gk_silu_mul": [_P, _I, _I, _P],
     "gk_set_sgemm": [_P],
+    "gk_vector_width": [],
     "gk_linear": [_P, _I, _I, _P, _P, _I, _P],
     "gk_decode_step": [_I, _P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _I, _I,
                        _I, _P, _I, _P, _P, _I],
@@ -113,6 +114,8 @@ class DecodeKernels:
         self._add_rms, self._rope_attend, self._sample = lib.gk_add_rms, lib.gk_rope_attend, lib.gk_sample
         self._silu_mul = lib.gk_silu_mul
         self._decode_step, self._lib_linear = lib.gk_decode_step, lib.gk_linear
+        lib.gk_vector_width.restype = ctypes.c_int
+        self.vector_width = lib.gk_vector_width()  # 8: the AVX2 paths are compiled in; 1: plain C
         self.whole_step = _hand_over_sgemm(lib)   # False: no usable BLAS symbol, the per-layer path only
 
     def add_rms(self, h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float,

@@ -81,12 +81,106 @@ static void norm_rope(const float *x, const float *norm_w, float eps, const floa
         rms_row(x, norm_w, eps, hd, tmp);
         src = tmp;
     }
-    int64_t half = hd / 2;
-    for (int64_t j = 0; j < hd; j++) {
-        float a = src[j] * c[j];
-        float b = src[j < half ? j + half : j - half] * s[j];
-        out[j] = a + b;
+    int64_t half = hd / 2;  /* two loops, one per half, so that each vectorizes */
+    for (int64_t j = 0; j < half; j++) out[j] = src[j] * c[j] + src[j + half] * s[j];
+    for (int64_t j = half; j < hd; j++) out[j] = src[j] * c[j] + src[j - half] * s[j];
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define GK_AVX2 1
+/* gk_exp on 8 lanes, the same steps (GCC leaves the scalar loops that call gk_exp unvectorized). */
+static inline __m256 gk_exp8(__m256 x) {
+    __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);  /* lanes below -87 (and -inf): 0 */
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 k = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), live);
+}
+
+/* [sum(a_0), ..., sum(a_7)]: the eight vectors' lane sums in one vector (hadd tree, no stores). */
+static inline __m256 sum8x8(const __m256 *a) {
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  /* 128-bit halves: [4 low sums | 4 high] */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* One query against keys K[0..7] (rows of hd floats, hd % 8 == 0): the 8 scores q.k * scale, -inf where
+ * the mask byte is 0. A dot product per key with one horizontal sum for all eight: the scalar loop
+ * paid a horizontal sum per key, most of the attention's time. */
+static inline __m256 scores8(const float *q, const float *K, const uint8_t *m, int64_t hd, float scale) {
+    __m256 a[8];
+    for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
+    for (int64_t e = 0; e < hd; e += 8) {
+        __m256 qe = _mm256_loadu_ps(q + e);
+        for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(qe, _mm256_loadu_ps(K + u * hd + e), a[u]);
     }
+    __m256 s = _mm256_mul_ps(sum8x8(a), _mm256_set1_ps(scale));
+    __m256i mk = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
+    __m256 off = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mk, _mm256_setzero_si256()));
+    return _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), off);
+}
+
+/* Values: o_a = inv_a sum_j p_a[j] V_j over the 32 floats at offset e of each value row, for the `two`
+ * (1 or 2) query heads p_0, p_1 of one key/value head; the value rows are loaded once for both. */
+static inline void values32(const float *p0, const float *p1, int two, const float *V, int64_t ctx, int64_t hd,
+                            int64_t e, float inv0, float inv1, float *o0, float *o1) {
+    __m256 a[4], b[4];
+    for (int u = 0; u < 4; u++) a[u] = b[u] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < ctx; j++) {
+        const float *v = V + j * hd + e;
+        __m256 w0 = _mm256_broadcast_ss(p0 + j);
+        for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + 8 * u), a[u]);
+        if (two) {
+            __m256 w1 = _mm256_broadcast_ss(p1 + j);
+            for (int u = 0; u < 4; u++) b[u] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v + 8 * u), b[u]);
+        }
+    }
+    for (int u = 0; u < 4; u++) _mm256_storeu_ps(o0 + e + 8 * u, _mm256_mul_ps(a[u], _mm256_set1_ps(inv0)));
+    if (two)
+        for (int u = 0; u < 4; u++) _mm256_storeu_ps(o1 + e + 8 * u, _mm256_mul_ps(b[u], _mm256_set1_ps(inv1)));
+}
+#endif
+
+/* 8 when the AVX2 paths were compiled in (-march=native on an AVX2 + FMA machine), else 1 (plain C). */
+int gk_vector_width(void) {
+#ifdef GK_AVX2
+    return 8;
+#else
+    return 1;
+#endif
+}
+
+/* p[j] = e^(p[j] - shift) for j < n; returns their sum. */
+static inline float exp_shift_sum(float *p, int64_t n, float shift) {
+    float t = 0.0f;
+    int64_t j = 0;
+#ifdef GK_AVX2
+    __m256 acc = _mm256_setzero_ps(), sh = _mm256_set1_ps(shift);
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = gk_exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), sh));
+        _mm256_storeu_ps(p + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float v[8];
+    _mm256_storeu_ps(v, acc);
+    t = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+#endif
+    for (; j < n; j++) {
+        p[j] = gk_exp(p[j] - shift);
+        t += p[j];
+    }
+    return t;
 }
 
 /* One decode position per row.
@@ -111,7 +205,24 @@ static inline __attribute__((always_inline)) void attend_group(
         norm_rope(qkv_row + (g * group + a) * hd, q_norm, eps, c, s, hd, tmp, q + a * hd);
         mx[a] = -INFINITY;
     }
-    for (int64_t j = 0; j < ctx; j++) {
+    int64_t j0 = 0;
+#ifdef GK_AVX2
+    if (hd % 8 == 0) {  /* keys 8 at a time; the rest (ctx % 8) below */
+        for (int64_t a = 0; a < group; a++) {
+            __m256 vmx = _mm256_set1_ps(-INFINITY);
+            for (int64_t j = 0; j + 8 <= ctx; j += 8) {
+                __m256 d = scores8(q + a * hd, K + j * hd, m + j, hd, scale);
+                _mm256_storeu_ps(sc + a * ctx + j, d);
+                vmx = _mm256_max_ps(vmx, d);
+            }
+            float v[8];
+            _mm256_storeu_ps(v, vmx);
+            for (int u = 0; u < 8; u++) mx[a] = v[u] > mx[a] ? v[u] : mx[a];
+        }
+        j0 = ctx - ctx % 8;
+    }
+#endif
+    for (int64_t j = j0; j < ctx; j++) {
         const float *k = K + j * hd;
         for (int64_t a = 0; a < group; a++) {
             float d = m[j] ? dot(q + a * hd, k, hd) * scale : -INFINITY;
@@ -120,13 +231,21 @@ static inline __attribute__((always_inline)) void attend_group(
         }
     }
     for (int64_t a = 0; a < group; a++) {  /* mx is finite: a row always sees its own new key */
-        float *p = sc + a * ctx, t = 0.0f;
-        for (int64_t j = 0; j < ctx; j++) {
-            p[j] = gk_exp(p[j] - mx[a]);
-            t += p[j];
-        }
-        inv[a] = 1.0f / t;
+        inv[a] = 1.0f / exp_shift_sum(sc + a * ctx, ctx, mx[a]);
     }
+#ifdef GK_AVX2
+    if (hd % 32 == 0) {
+        float *o = out_row + g * group * hd;
+        for (int64_t a = 0; a < group; a += 2) {
+            int two = a + 1 < group;
+            const float *p1 = two ? sc + (a + 1) * ctx : sc;
+            for (int64_t e = 0; e < hd; e += 32)
+                values32(sc + a * ctx, p1, two, V, ctx, hd, e, inv[a], two ? inv[a + 1] : 0.0f, o + a * hd,
+                         o + (a + two) * hd);
+        }
+        return;
+    }
+#endif
     for (int64_t a = 0; a < group; a++) {
         float acc[hd], *p = sc + a * ctx;
         for (int64_t e = 0; e < hd; e++) acc[e] = 0.0f;
@@ -147,7 +266,8 @@ void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, co
 #pragma omp parallel for if (n * nh * ctx * hd >= 32768)
     for (int64_t rg = 0; rg < n * nkv; rg++) {
         int64_t r = rg / nkv, g = rg % nkv;
-        float *sc = malloc((size_t)(group * ctx) * sizeof(float));       /* [group, ctx] scores */
+        float stack_sc[2048];                                            /* [group, ctx] scores */
+        float *sc = group * ctx <= 2048 ? stack_sc : malloc((size_t)(group * ctx) * sizeof(float));
         const float *row = qkv + r * width, *c = cos_t + pos[r] * hd, *s = sin_t + pos[r] * hd;
         float *K = kc + (r * nkv + g) * S * hd, *V = vc + (r * nkv + g) * S * hd, *o = out + r * nh * hd;
         const uint8_t *m = mask + r * mask_stride;
@@ -159,7 +279,7 @@ void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, co
             default: GK_ATTEND(hd);
         }
 #undef GK_ATTEND
-        free(sc);
+        if (sc != stack_sc) free(sc);
     }
 }
 
@@ -169,7 +289,15 @@ void gk_silu_mul(const float *gu, int64_t n, int64_t I, float *out) {
     for (int64_t r = 0; r < n; r++) {
         const float *g = gu + r * 2 * I, *u = g + I;
         float *o = out + r * I;
-        for (int64_t j = 0; j < I; j++) o[j] = g[j] / (1.0f + gk_exp(-g[j])) * u[j];
+        int64_t j = 0;
+#ifdef GK_AVX2
+        for (; j + 8 <= I; j += 8) {
+            __m256 gj = _mm256_loadu_ps(g + j), one = _mm256_set1_ps(1.0f);
+            __m256 sig = _mm256_div_ps(gj, _mm256_add_ps(one, gk_exp8(_mm256_sub_ps(_mm256_setzero_ps(), gj))));
+            _mm256_storeu_ps(o + j, _mm256_mul_ps(sig, _mm256_loadu_ps(u + j)));
+        }
+#endif
+        for (; j < I; j++) o[j] = g[j] / (1.0f + gk_exp(-g[j])) * u[j];
     }
 }
 
@@ -190,12 +318,7 @@ void gk_sample(const float *logits, int64_t n, int64_t V, float temperature, con
             mx = e[i] > mx ? e[i] : mx;
             if (z[i] > zmax) { zmax = z[i]; arg = i; }  /* the first maximum, like argmax */
         }
-        float total = 0.0f;
-        for (int64_t i = 0; i < V; i++) {
-            float s = e[i];
-            e[i] = gk_exp(s - mx);
-            total += e[i];
-        }
+        float total = exp_shift_sum(e, V, mx);
         for (int64_t i = V - 1; i > 0 && e[i] == 0.0f; i--) last = i - 1;
         if (e[V - 1] > 0.0f) last = V - 1;
         int64_t pick = last;  /* if rounding leaves u * total unreached: the last token that can be drawn */
