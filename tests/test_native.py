@@ -1,6 +1,7 @@
 """The sampler's fused C kernels (grpokit.native): each equals the PyTorch ops it replaces, and the
 sampler falls back to those ops when no library can be built."""
 
+import contextlib
 import logging
 
 import pytest
@@ -158,6 +159,24 @@ def test_sampler_with_kernels_equals_sampler_without(char_tokenizer, monkeypatch
     monkeypatch.setattr(native, "_loaded", False)
 
 
+def _one_call_modes() -> list[str]:
+    """The one-call step's matmul paths this build has: packed panels (AVX2 tile), PyTorch's sgemm."""
+    if K is None:
+        return []
+    return (["panels"] if K.vector_width == 8 else []) + (["sgemm"] if K.whole_step else [])
+
+
+@contextlib.contextmanager
+def _matmuls(mode: str):
+    """Engines built inside use the one-call step's `mode` matmuls ("sgemm": as a build without AVX2)."""
+    width = K.vector_width
+    K.vector_width = 1 if mode == "sgemm" else width
+    try:
+        yield
+    finally:
+        K.vector_width = width
+
+
 @needs_kernels
 def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer):
     """The engine fed the same tokens with and without kernels: equal logits (1e-5) at every step,
@@ -169,11 +188,12 @@ def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer):
         torch.manual_seed(1)
         feed = torch.randint(5, 40, (8, 20))                               # [N, steps] tokens to feed
         logits = {}
-        for mode in ("whole", "layers", "torch"):                         # one C call / per layer / no kernels
-            with torch.no_grad():
+        for mode in _one_call_modes() + ["layers", "torch"]:              # one C call / per layer / no kernels
+            with torch.no_grad(), _matmuls(mode):
                 eng = sampler._LeanEngine(model.eval(), ids, mask, 2, 20)
-                assert (eng.dec.whole is not None) == K.whole_step, name  # unpacked weights: the one-call path
-                if mode != "whole":
+                assert eng.dec.whole is not None or not _one_call_modes(), name   # no oneDNN packing here
+                assert eng.dec.whole is None or eng.dec.whole.panels == (mode != "sgemm")
+                if mode not in ("panels", "sgemm"):
                     eng.dec.whole = None
                 if mode == "torch":
                     eng.dec.native = None
@@ -185,15 +205,15 @@ def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer):
                         rows = rows[keep]
                     out.append(eng.step(feed[rows, t], t))
             logits[mode] = out
-        for mode in ("whole", "layers"):
+        for mode in _one_call_modes() + ["layers"]:
             for t, (a, b) in enumerate(zip(logits[mode], logits["torch"])):
                 assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5), (name, mode, t)
 
 
 @needs_kernels
-@pytest.mark.skipif(K is None or not K.whole_step, reason="no BLAS sgemm_ symbol in this PyTorch build")
+@pytest.mark.parametrize("mode", _one_call_modes())
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_one_call_step_split_over_threads_equals_torch_ops(tiny_model, char_tokenizer, threads):
+def test_one_call_step_split_over_threads_equals_torch_ops(tiny_model, char_tokenizer, threads, mode):
     """The one-call step cuts the rows into one range per torch thread (7 rows: ranges of 7, 3 + 4,
     2 + 2 + 3); every range's logits equal the PyTorch ops' (1e-5) at each step."""
     from grpokit.rollout import encode_prompts
@@ -203,16 +223,16 @@ def test_one_call_step_split_over_threads_equals_torch_ops(tiny_model, char_toke
     before = torch.get_num_threads()
     try:
         out = {}
-        for mode in ("whole", "torch"):
-            torch.set_num_threads(threads if mode == "whole" else before)
-            with torch.no_grad():
+        for side in ("whole", "torch"):
+            torch.set_num_threads(threads if side == "whole" else before)
+            with torch.no_grad(), _matmuls(mode):
                 eng = sampler._LeanEngine(tiny_model.eval(), ids, mask, 7, 12)
-                assert eng.dec.whole is not None
-                if mode == "torch":
+                assert eng.dec.whole is not None and eng.dec.whole.panels == (mode == "panels")
+                if side == "torch":
                     eng.dec.whole, eng.dec.native = None, None
                 keep = torch.arange(0, 21, 3)                              # 7 live rows of 21
                 eng.keep_rows(keep, 0)
-                out[mode] = [eng.step(feed[keep, t], t) for t in range(11)]
+                out[side] = [eng.step(feed[keep, t], t) for t in range(11)]
     finally:
         torch.set_num_threads(before)
     for t, (a, b) in enumerate(zip(out["whole"], out["torch"])):
@@ -232,10 +252,26 @@ def test_c_linear_through_torch_sgemm_equals_f_linear(M, K_, N, bias):
 
 
 @needs_kernels
+@pytest.mark.parametrize("M,K_,N,bias", [(1, 7, 3, True), (6, 128, 256, True), (13, 64, 1000, False),
+                                         (16, 512, 96, True), (11, 72, 100, True)])
+def test_packed_linear_equals_f_linear(lib, M, K_, N, bias):
+    """gk_linear_packed on panels from pack_panels: row tiles of 6 and their remainders, N not a multiple
+    of 16 (the last panel writes only its real columns), a padded bias or none."""
+    torch.manual_seed(M)
+    x, W = torch.randn(M, K_), torch.randn(N, K_)
+    b = torch.randn(N) if bias else None
+    y = torch.full((M, N), float("nan"))
+    P, bp = native.pack_panels(W), native.pad_bias(b)
+    assert P.shape == (-(-N // 16), K_, 16) and (bp is None or bp.shape[0] % 16 == 0)
+    lib._linear_packed(x.data_ptr(), M, K_, P.data_ptr(), None if bp is None else bp.data_ptr(), N, y.data_ptr())
+    assert torch.allclose(y, F.linear(x, W, b), atol=1e-4)
+
+
+@needs_kernels
 def test_one_call_step_only_where_it_applies(tiny_model, monkeypatch):
     """Packed (oneDNN) weights and non-SiLU MLPs keep the per-layer path; a recording decoder (reuse)
     takes the per-layer path at every step, since only it hands each projection to the record."""
-    assert (sampler.LeanDecoder(tiny_model, 2, 16).whole is not None) == K.whole_step
+    assert (sampler.LeanDecoder(tiny_model, 2, 16).whole is not None) == bool(_one_call_modes())
     monkeypatch.setattr(sampler, "PACK_MIN_ELEMENTS", 1)                  # every weight packed
     assert sampler.LeanDecoder(tiny_model, 2, 16).whole is None
     monkeypatch.undo()

@@ -46,7 +46,8 @@ _SIGNATURES = {
     "gk_vector_width": [],
     "gk_linear": [_P, _I, _I, _P, _P, _I, _P],
     "gk_decode_step": [_I, _P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _I, _I,
-                       _I, _P, _I, _P, _P, _I],
+                       _I, _P, _I, _P, _P, _I, _I],
+    "gk_linear_packed": [_P, _I, _I, _P, _P, _I, _P],
 }
 _loaded: DecodeKernels | None | bool = False      # False: not tried yet
 
@@ -113,7 +114,7 @@ class DecodeKernels:
             getattr(lib, name).restype = None
         self._add_rms, self._rope_attend, self._sample = lib.gk_add_rms, lib.gk_rope_attend, lib.gk_sample
         self._silu_mul = lib.gk_silu_mul
-        self._decode_step, self._lib_linear = lib.gk_decode_step, lib.gk_linear
+        self._decode_step, self._lib_linear, self._linear_packed = lib.gk_decode_step, lib.gk_linear, lib.gk_linear_packed
         lib.gk_vector_width.restype = ctypes.c_int
         self.vector_width = lib.gk_vector_width()  # 8: the AVX2 paths are compiled in; 1: plain C
         self.whole_step = _hand_over_sgemm(lib)   # False: no usable BLAS symbol, the per-layer path only
@@ -157,6 +158,28 @@ class DecodeKernels:
         return tok, lp
 
 
+PANEL = 16   # output columns per packed panel (the C tile's width)
+
+
+def pack_panels(W: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> [ceil(N/16), K, 16] with P[p, k, c] = W[16 p + c, k] (zero rows past N): gk_linear_packed's
+    layout, in which a tile reads 16 output columns' weights for one k as one contiguous line."""
+    N, K = W.shape
+    n16 = -(-N // PANEL) * PANEL
+    padded = W.new_zeros(n16, K)
+    padded[:N] = W
+    return padded.view(n16 // PANEL, PANEL, K).transpose(1, 2).contiguous()
+
+
+def pad_bias(b: torch.Tensor | None) -> torch.Tensor | None:
+    """A bias [N] padded with zeros to a whole number of panels (the tile adds 16 at a time)."""
+    if b is None:
+        return None
+    out = b.new_zeros(-(-b.shape[0] // PANEL) * PANEL)
+    out[:b.shape[0]] = b
+    return out
+
+
 def _layer_tensors(w: dict) -> tuple:
     """A LeanDecoder layer's tensors in the order of gk_decode_step's per-layer pointers (the C enum
     GK_QKV_W ... GK_KN); None where there is no bias or no q/k norm."""
@@ -164,9 +187,13 @@ def _layer_tensors(w: dict) -> tuple:
             w["down"].weight, w["down"].bias, w["ln1"], w["ln2"], w["q_norm"], w["k_norm"])
 
 
+_MATRICES, _BIASES = (0, 2, 4, 6), (1, 3, 5, 7)   # positions in _layer_tensors: qkv, o, gu, down
+
+
 class WholeStep:
-    """A LeanDecoder's decode step as one gk_decode_step call: every layer and the lm-head, matmuls by
-    PyTorch's own sgemm. The rows are split over torch's threads, each running the whole step for its
+    """A LeanDecoder's decode step as one gk_decode_step call: every layer and the lm-head. The matmuls run
+    on weights packed into 16-column panels here, once per sampling call, by the C tile (where the AVX2
+    paths are compiled in), else by PyTorch's own sgemm. The rows are split over torch's threads, each running the whole step for its
     rows single-threaded (rows never interact in a decode step): one fork and join per step instead of
     one per operation. Built by `plan`, which returns None where the per-layer path must run."""
 
@@ -174,8 +201,17 @@ class WholeStep:
         self.dec, self.k = dec, k
         w0 = dec.layers[0]
         self.I = w0["down"].weight.shape[1]
-        ptrs = [None if t is None else t.data_ptr() for w in dec.layers for t in _layer_tensors(w)]
-        self.ptrs = (ctypes.c_void_p * len(ptrs))(*ptrs)    # the tensors stay alive in dec.layers
+        # With the AVX2 tile, the matrices are packed once here (gk_linear_packed) instead of by MKL at every call.
+        self.panels = k.vector_width == 8
+        tensors = [t for w in dec.layers for t in _layer_tensors(w)]
+        self.head_w, self.head_b = dec.head.weight, dec.head.bias
+        if self.panels:
+            tensors = [pack_panels(t) if i % len(_layer_tensors(w0)) in _MATRICES else
+                       pad_bias(t) if i % len(_layer_tensors(w0)) in _BIASES else t for i, t in enumerate(tensors)]
+            self.head_w, self.head_b = pack_panels(self.head_w), pad_bias(self.head_b)
+        self.tensors = tensors                                 # kept alive: the C side holds their addresses
+        ptrs = [None if t is None else t.data_ptr() for t in tensors]
+        self.ptrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
         H, width = dec.embed.shape[1], (dec.nh + 2 * dec.nkv) * dec.hd
         self.work = dec.embed.new_empty(rows * (3 * H + width + dec.nh * dec.hd + 3 * self.I))
 
@@ -185,7 +221,7 @@ class WholeStep:
         packed for oneDNN (those run faster through it), every tensor is contiguous and every layer has
         the same attention scale; else None."""
         k = dec.native
-        if k is None or not k.whole_step or not dec.silu or dec.head.packed is not None:
+        if k is None or not (k.whole_step or k.vector_width == 8) or not dec.silu or dec.head.packed is not None:
             return None
         if any(w[name].packed is not None for w in dec.layers for name in ("qkv", "o", "gu", "down")) \
                 or len({w["scale"] for w in dec.layers}) != 1:
@@ -197,8 +233,8 @@ class WholeStep:
     def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
         """tok, pos [n] (int64), key_mask [n, >= slot + 1] -> logits [n, V]; the cache slot `slot` is written."""
         d, n = self.dec, tok.shape[0]
-        head_w, head_b = d.head.weight, d.head.bias
-        V, H = head_w.shape
+        head_w, head_b = self.head_w, self.head_b
+        V, H = d.head.weight.shape
         tok, pos, key_mask = tok.contiguous(), pos.contiguous(), key_mask.contiguous()
         logits = head_w.new_empty(n, V)
         self.k._decode_step(len(d.layers), self.ptrs, d.final_norm.data_ptr(), head_w.data_ptr(),
@@ -206,7 +242,7 @@ class WholeStep:
                             H, self.I, d.nh, d.nkv, d.hd, d.eps, d.layers[0]["scale"], pos.data_ptr(),
                             d.cos.data_ptr(), d.sin.data_ptr(), d.kv.data_ptr(), d.kv.shape[2], d.kv.shape[4], slot,
                             key_mask.data_ptr(), key_mask.stride(0), self.work.data_ptr(), logits.data_ptr(),
-                            max(1, min(torch.get_num_threads(), n)))
+                            max(1, min(torch.get_num_threads(), n)), int(self.panels))
         return logits
 
 
