@@ -261,8 +261,10 @@ def test_packed_linear_equals_f_linear(lib, M, K_, N, bias):
     x, W = torch.randn(M, K_), torch.randn(N, K_)
     b = torch.randn(N) if bias else None
     y = torch.full((M, N), float("nan"))
-    P, bp = native.pack_panels(W), native.pad_bias(b)
-    assert P.shape == (-(-N // 16), K_, 16) and (bp is None or bp.shape[0] % 16 == 0)
+    P, bp = native.pack_panels(W, lib), native.pad_bias(b)
+    n16 = -(-N // 16) * 16
+    want = torch.cat([W, W.new_zeros(n16 - N, K_)]).view(n16 // 16, 16, K_).transpose(1, 2)
+    assert torch.equal(P, want) and (bp is None or bp.shape[0] == n16)   # P[p, k, c] = W[16 p + c, k]
     lib._linear_packed(x.data_ptr(), M, K_, P.data_ptr(), None if bp is None else bp.data_ptr(), N, y.data_ptr())
     assert torch.allclose(y, F.linear(x, W, b), atol=1e-4)
 

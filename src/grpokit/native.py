@@ -48,6 +48,7 @@ _SIGNATURES = {
     "gk_decode_step": [_I, _P, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _I, _I,
                        _I, _P, _I, _P, _P, _I, _I],
     "gk_linear_packed": [_P, _I, _I, _P, _P, _I, _P],
+    "gk_pack_panels": [_P, _I, _I, _P],
 }
 _loaded: DecodeKernels | None | bool = False      # False: not tried yet
 
@@ -115,6 +116,7 @@ class DecodeKernels:
         self._add_rms, self._rope_attend, self._sample = lib.gk_add_rms, lib.gk_rope_attend, lib.gk_sample
         self._silu_mul = lib.gk_silu_mul
         self._decode_step, self._lib_linear, self._linear_packed = lib.gk_decode_step, lib.gk_linear, lib.gk_linear_packed
+        self._pack_panels = lib.gk_pack_panels
         lib.gk_vector_width.restype = ctypes.c_int
         self.vector_width = lib.gk_vector_width()  # 8: the AVX2 paths are compiled in; 1: plain C
         self.whole_step = _hand_over_sgemm(lib)   # False: no usable BLAS symbol, the per-layer path only
@@ -161,14 +163,13 @@ class DecodeKernels:
 PANEL = 16   # output columns per packed panel (the C tile's width)
 
 
-def pack_panels(W: torch.Tensor) -> torch.Tensor:
-    """W [N, K] -> [ceil(N/16), K, 16] with P[p, k, c] = W[16 p + c, k] (zero rows past N): gk_linear_packed's
-    layout, in which a tile reads 16 output columns' weights for one k as one contiguous line."""
+def pack_panels(W: torch.Tensor, k: DecodeKernels) -> torch.Tensor:
+    """W [N, K] (float32, contiguous) -> [ceil(N/16), K, 16] with P[p, k, c] = W[16 p + c, k] (zero past N):
+    gk_linear_packed's layout, in which a tile reads 16 output columns' weights for one k as one line."""
     N, K = W.shape
-    n16 = -(-N // PANEL) * PANEL
-    padded = W.new_zeros(n16, K)
-    padded[:N] = W
-    return padded.view(n16 // PANEL, PANEL, K).transpose(1, 2).contiguous()
+    out = W.new_empty(-(-N // PANEL), K, PANEL)
+    k._pack_panels(W.data_ptr(), N, K, out.data_ptr())
+    return out
 
 
 def pad_bias(b: torch.Tensor | None) -> torch.Tensor | None:
@@ -206,9 +207,9 @@ class WholeStep:
         tensors = [t for w in dec.layers for t in _layer_tensors(w)]
         self.head_w, self.head_b = dec.head.weight, dec.head.bias
         if self.panels:
-            tensors = [pack_panels(t) if i % len(_layer_tensors(w0)) in _MATRICES else
+            tensors = [pack_panels(t, k) if i % len(_layer_tensors(w0)) in _MATRICES else
                        pad_bias(t) if i % len(_layer_tensors(w0)) in _BIASES else t for i, t in enumerate(tensors)]
-            self.head_w, self.head_b = pack_panels(self.head_w), pad_bias(self.head_b)
+            self.head_w, self.head_b = pack_panels(self.head_w, k), pad_bias(self.head_b)
         self.tensors = tensors                                 # kept alive: the C side holds their addresses
         ptrs = [None if t is None else t.data_ptr() for t in tensors]
         self.ptrs = (ctypes.c_void_p * len(ptrs))(*ptrs)

@@ -405,6 +405,18 @@ static inline __attribute__((always_inline)) void tile16(const int R, const floa
 }
 #endif
 
+/* W [N, K] -> P [ceil(N/16), K, 16] (the layout above; columns past N are zero). */
+void gk_pack_panels(const float *W, int64_t N, int64_t K, float *P) {
+    for (int64_t n0 = 0; n0 < N; n0 += 16) {  /* written in order; read from 16 rows at a time */
+        float *panel = P + n0 * K;
+        int64_t cols = N - n0 < 16 ? N - n0 : 16;
+        for (int64_t k = 0; k < K; k++) {
+            for (int64_t c = 0; c < cols; c++) panel[16 * k + c] = W[(n0 + c) * K + k];
+            for (int64_t c = cols; c < 16; c++) panel[16 * k + c] = 0.0f;
+        }
+    }
+}
+
 /* y [M, N] = x [M, K] W^T + b with W packed as above (b: NULL or padded). */
 void gk_linear_packed(const float *x, int64_t M, int64_t K, const float *P, const float *b, int64_t N, float *y) {
     for (int64_t n0 = 0; n0 < N; n0 += 16) {
