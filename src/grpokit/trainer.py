@@ -62,6 +62,13 @@ class TrainState:
     rollout_engine: Any = None       # rollout.backend=vllm: the engine (grpokit.vllm_backend), built lazily
 
 
+def _can_fuse(params: list[torch.Tensor]) -> bool:
+    """AdamW's fused kernel (one pass over all parameters) applies: plain floating tensors on CPU or CUDA.
+    On the CPU it is ~5x faster than the default per-parameter loop (tiny bench model: 1.3 vs 6.5 ms)."""
+    return bool(params) and all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_floating_point()
+                                and p.device.type in ("cpu", "cuda") for p in params)
+
+
 def make_optimizer(model: torch.nn.Module, cfg: GRPOConfig):
     """AdamW over trainable parameters and a constant / linear schedule with linear warm-up."""
     o = cfg.optim
@@ -76,7 +83,7 @@ def make_optimizer(model: torch.nn.Module, cfg: GRPOConfig):
                                   weight_decay=o.weight_decay)
     else:
         opt = torch.optim.AdamW(params, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2),
-                                weight_decay=o.weight_decay)
+                                weight_decay=o.weight_decay, fused=_can_fuse(params) or None)
     total = cfg.run.max_steps * cfg.loss.num_iterations
 
     def factor(update: int) -> float:
