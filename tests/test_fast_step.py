@@ -156,3 +156,24 @@ def test_shared_prompt_pass_is_skipped_when_it_cannot_help_or_apply():
     assert can_share_prompts(model, r.input_ids, r.attention_mask, 6)
     model.gradient_checkpointing_enable()                                       # transformers drops the cache
     assert not can_share_prompts(model, r.input_ids, r.attention_mask, 6)
+
+
+def test_adamw_fused_for_plain_cpu_parameters_and_same_update_as_the_loop():
+    """make_optimizer takes AdamW's fused kernel for plain CPU float parameters; one step moves the
+    weights as the default per-parameter AdamW does (to float rounding)."""
+    model, _ = build_model("tiny")
+    cfg = build_config({"optim.learning_rate": 1e-3, "optim.weight_decay": 0.1})
+    opt, _ = trainer.make_optimizer(model, cfg)
+    assert opt.defaults["fused"] is True
+    twin = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
+    loop = torch.optim.AdamW(twin.values(), lr=1e-3, betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
+                             weight_decay=0.1, foreach=False)
+    torch.manual_seed(0)
+    for n, p in model.named_parameters():
+        p.grad = torch.randn_like(p)
+        twin[n].grad = p.grad.clone()
+    opt.step()
+    loop.step()
+    for n, p in model.named_parameters():
+        assert torch.allclose(p, twin[n], atol=1e-6), n
+    assert not trainer._can_fuse([torch.zeros(3, dtype=torch.long)])
