@@ -30,7 +30,7 @@ import torch
 
 log = logging.getLogger("grpokit")
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_kernels.c"
+SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name for name in ("decode_kernels.c", "whole_step.c"))
 # Tried in order: OpenMP needs -fopenmp (not every compiler has it); -march=native is not universal.
 # Reassociation lets the compiler vectorize the kernels' sums; no -ffinite-math (the masks use -inf).
 _COMMON = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
@@ -77,9 +77,9 @@ def _compiler() -> str | None:
 def build(out_dir: Path | None = None) -> Path | None:
     """Compile the kernels (or find them already built); the library's path, or None when no build works."""
     cc = _compiler()
-    if cc is None or not SOURCE.is_file():                                # no compiler, or an install without csrc/
+    if cc is None or not all(f.is_file() for f in SOURCES):              # no compiler, or an install without csrc/
         return None
-    src = SOURCE.read_bytes()
+    src = b"\0".join(f.read_bytes() for f in SOURCES)
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError):
@@ -95,7 +95,7 @@ def build(out_dir: Path | None = None) -> Path | None:
             out_dir.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)    # then an atomic rename: racing builds are safe
             os.close(fd)
-            proc = subprocess.run([cc, *_COMMON, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
+            proc = subprocess.run([cc, *_COMMON, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True,
                                   text=True, timeout=120)
             if proc.returncode == 0:
                 os.replace(tmp, lib)
@@ -280,8 +280,8 @@ def kernels() -> DecodeKernels | None:
         if os.environ.get("GRPOKIT_NATIVE", "1") != "0":
             path = build()
             if path is None:
-                log.info("sampler: could not build %s (needs a C compiler, `cc` or $CC, and a writable %s; "
-                         "set GRPOKIT_CACHE to another folder); decoding with PyTorch ops", SOURCE.name, cache_dir())
+                log.info("sampler: could not build the decode kernels in %s (needs a C compiler, `cc` or $CC, and a writable %s; "
+                         "set GRPOKIT_CACHE to another folder); decoding with PyTorch ops", SOURCES[0].parent, cache_dir())
             else:
                 _loaded = DecodeKernels(ctypes.CDLL(str(path)))
     return _loaded
