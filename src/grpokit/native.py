@@ -115,8 +115,8 @@ class DecodeKernels:
             getattr(lib, name).restype = None
         self._add_rms, self._rope_attend, self._sample = lib.gk_add_rms, lib.gk_rope_attend, lib.gk_sample
         self._silu_mul = lib.gk_silu_mul
-        self._decode_step, self._lib_linear, self._linear_packed = lib.gk_decode_step, lib.gk_linear, lib.gk_linear_packed
-        self._pack_panels = lib.gk_pack_panels
+        self._decode_step, self._lib_linear = lib.gk_decode_step, lib.gk_linear
+        self._linear_packed, self._pack_panels = lib.gk_linear_packed, lib.gk_pack_panels
         lib.gk_vector_width.restype = ctypes.c_int
         self.vector_width = lib.gk_vector_width()  # 8: the AVX2 paths are compiled in; 1: plain C
         self.whole_step = _hand_over_sgemm(lib)   # False: no usable BLAS symbol, the per-layer path only
@@ -194,9 +194,9 @@ _MATRICES, _BIASES = (0, 2, 4, 6), (1, 3, 5, 7)   # positions in _layer_tensors:
 class WholeStep:
     """A LeanDecoder's decode step as one gk_decode_step call: every layer and the lm-head. The matmuls run
     on weights packed into 16-column panels here, once per sampling call, by the C tile (where the AVX2
-    paths are compiled in), else by PyTorch's own sgemm. The rows are split over torch's threads, each running the whole step for its
-    rows single-threaded (rows never interact in a decode step): one fork and join per step instead of
-    one per operation. Built by `plan`, which returns None where the per-layer path must run."""
+    paths are compiled in), else by PyTorch's own sgemm. The rows are split over torch's threads, each
+    running the whole step for its rows single-threaded (rows never interact in a decode step): one fork
+    and join per step instead of one per operation. Built by `plan`, which returns None where the per-layer path must run."""
 
     def __init__(self, dec, k: DecodeKernels, rows: int) -> None:
         self.dec, self.k = dec, k
@@ -280,8 +280,9 @@ def kernels() -> DecodeKernels | None:
         if os.environ.get("GRPOKIT_NATIVE", "1") != "0":
             path = build()
             if path is None:
-                log.info("sampler: could not build the decode kernels in %s (needs a C compiler, `cc` or $CC, and a writable %s; "
-                         "set GRPOKIT_CACHE to another folder); decoding with PyTorch ops", SOURCES[0].parent, cache_dir())
+                log.info("sampler: could not build the decode kernels in %s (needs a C compiler, `cc` or $CC, and a "
+                         "writable %s; set GRPOKIT_CACHE to another folder); decoding with PyTorch ops",
+                         SOURCES[0].parent, cache_dir())
             else:
                 _loaded = DecodeKernels(ctypes.CDLL(str(path)))
     return _loaded
