@@ -30,3 +30,32 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def portable_kernels(tmp_path_factory):
+    """grpokit's C kernels built without -march=native: the plain-C loops that machines without AVX2 run."""
+    import ctypes
+
+    from grpokit import native
+
+    if native.kernels() is None:
+        pytest.skip("no C compiler could build grpokit's kernels")
+    flag_sets = native.FLAG_SETS
+    native.FLAG_SETS = ([],)
+    try:
+        path = native.build(tmp_path_factory.mktemp("portable"))
+    finally:
+        native.FLAG_SETS = flag_sets
+    assert path is not None
+    return native.DecodeKernels(ctypes.CDLL(str(path)))
+
+
+@pytest.fixture(params=["native", "portable"])
+def lib(request):
+    """Each kernel test runs on the default build (AVX2 paths where the CPU has them) and the plain-C one."""
+    from grpokit import native
+
+    if native.kernels() is None:
+        pytest.skip("no C compiler could build grpokit's kernels")
+    return native.kernels() if request.param == "native" else request.getfixturevalue("portable_kernels")

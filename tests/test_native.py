@@ -16,28 +16,6 @@ K = native.kernels()
 needs_kernels = pytest.mark.skipif(K is None, reason="no C compiler could build grpokit's decode kernels")
 
 
-@pytest.fixture(scope="module")
-def portable_kernels(tmp_path_factory):
-    """The kernels built without -march=native: the plain-C loops that machines without AVX2 run."""
-    if K is None:
-        pytest.skip("no C compiler could build grpokit's decode kernels")
-    flag_sets = native.FLAG_SETS
-    native.FLAG_SETS = ([],)
-    try:
-        path = native.build(tmp_path_factory.mktemp("portable"))
-    finally:
-        native.FLAG_SETS = flag_sets
-    assert path is not None
-    import ctypes
-    return native.DecodeKernels(ctypes.CDLL(str(path)))
-
-
-@pytest.fixture(params=["native", "portable"])
-def lib(request):
-    """Each kernel test runs on the default build (AVX2 paths where the CPU has them) and the plain-C one."""
-    return K if request.param == "native" else request.getfixturevalue("portable_kernels")
-
-
 @needs_kernels
 def test_both_code_paths_are_built(portable_kernels):
     flags = native._cpu_id().split()

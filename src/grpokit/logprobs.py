@@ -20,6 +20,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .attention import kernel_attention
+
 # Architectures whose decoder takes a transformers DynamicCache with the usual (ids, mask, positions).
 CACHE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "olmo", "olmo2", "granite", "smollm3")
 # Configs whose lm-head output is not plain `hidden @ W.T (+ b)`; they take the generic path.
@@ -81,22 +83,27 @@ def per_token_logprobs(
     """
     T = completion_length
     targets = input_ids[:, -T:]                                           # [B, T]
+    with kernel_attention(model):                                         # the C attention forward on the CPU
+        hidden, weight, bias = _final_hidden(model, input_ids, attention_mask, T, share_prompts)
+    return head_logprobs(hidden, targets, weight, bias, temperature, chunk_rows, return_entropy)
+
+
+def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int, share_prompts: bool):
+    """(hidden [B, T, H], lm-head weight, bias) that predict the last T tokens; (logits [B, T, V], None, None)
+    for models whose head is not a plain linear."""
     groups = _prompt_groups(input_ids, attention_mask, T) if share_prompts and _can_share(model, input_ids, T) else None
     if groups is not None and groups[0].shape[0] < input_ids.shape[0]:   # some prompt is used twice
         hidden = shared_prompt_hidden(model, input_ids, attention_mask, T, groups)  # [B, T, H]
-        head = model.get_output_embeddings()
-        weight, bias = head.weight, head.bias
     elif _uses_plain_head(model):
         out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                   position_ids=position_ids_from_mask(attention_mask))
         hidden = out.last_hidden_state[:, -T - 1:-1]                      # [B, T, H] predicts tokens -T..-1
-        head = model.get_output_embeddings()
-        weight, bias = head.weight, head.bias
     else:
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        position_ids=position_ids_from_mask(attention_mask), logits_to_keep=T + 1).logits[:, :-1]
-        hidden, weight, bias = logits, None, None                         # [B, T, V]
-    return head_logprobs(hidden, targets, weight, bias, temperature, chunk_rows, return_entropy)
+        return logits, None, None                                         # [B, T, V]
+    head = model.get_output_embeddings()
+    return hidden, head.weight, head.bias
 
 
 def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,

@@ -49,6 +49,7 @@ _SIGNATURES = {
                        _I, _P, _I, _P, _P, _I, _I],
     "gk_linear_packed": [_P, _I, _I, _P, _P, _I, _P],
     "gk_pack_panels": [_P, _I, _I, _P],
+    "gk_attention_fwd": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P],
 }
 _loaded: DecodeKernels | None | bool = False      # False: not tried yet
 
@@ -117,6 +118,7 @@ class DecodeKernels:
         self._silu_mul = lib.gk_silu_mul
         self._decode_step, self._lib_linear = lib.gk_decode_step, lib.gk_linear
         self._linear_packed, self._pack_panels = lib.gk_linear_packed, lib.gk_pack_panels
+        self._attention_fwd = lib.gk_attention_fwd
         lib.gk_vector_width.restype = ctypes.c_int
         self.vector_width = lib.gk_vector_width()  # 8: the AVX2 paths are compiled in; 1: plain C
         self.whole_step = _hand_over_sgemm(lib)   # False: no usable BLAS symbol, the per-layer path only

@@ -190,21 +190,15 @@ static inline float exp_shift_sum(float *p, int64_t n, float shift) {
  *   mask  [n, mask_stride] uint8 key j of row r is attended when mask[r, j] != 0 (j <= slot)
  *   out   [n, nh hd]             attention output, heads concatenated
  */
-/* One row's kv head g: its new key (normed, rotated) and value go to the cache, then the `group` query
- * heads that share it attend over slots 0..slot. Inlined per head size (below), so that for the
- * usual sizes the loops over hd have a constant trip count and the output stays in registers. */
-static inline __attribute__((always_inline)) void attend_group(
-        const float *qkv_row, int64_t g, const float *c, const float *s, const float *q_norm,
-        const float *k_norm, float eps, float *K, float *V, int64_t slot, const uint8_t *m,
-        int64_t nh, int64_t nkv, int64_t group, const int64_t hd, float scale, float *sc, float *out_row) {
-    float tmp[hd], q[group * hd], mx[group], inv[group];
-    int64_t ctx = slot + 1;
-    norm_rope(qkv_row + (nh + g) * hd, k_norm, eps, c, s, hd, tmp, K + slot * hd);
-    memcpy(V + slot * hd, qkv_row + (nh + nkv + g) * hd, (size_t)hd * sizeof(float));
-    for (int64_t a = 0; a < group; a++) {
-        norm_rope(qkv_row + (g * group + a) * hd, q_norm, eps, c, s, hd, tmp, q + a * hd);
-        mx[a] = -INFINITY;
-    }
+/* The `group` query heads q [group, hd] that share one key/value head attend over keys 0..ctx-1 of K, V
+ * [ctx, hd] (key j when m[j] != 0; at least one is): head a's output goes to o + a * ostride, and when
+ * lse is not NULL, log sum_j e^(s_j) to lse[a * lstride]. sc: [group, ctx] scratch. Inlined per head size
+ * (below), so that for the usual sizes the loops over hd have a constant trip count. */
+static inline __attribute__((always_inline)) void attend_heads(
+        const float *q, int64_t group, const int64_t hd, const float *K, const float *V, const uint8_t *m,
+        int64_t ctx, float scale, float *sc, float *o, int64_t ostride, float *lse, int64_t lstride) {
+    float mx[group], inv[group];
+    for (int64_t a = 0; a < group; a++) mx[a] = -INFINITY;
     int64_t j0 = 0;
 #ifdef GK_AVX2
     if (hd % 8 == 0) {  /* keys 8 at a time; the rest (ctx % 8) below */
@@ -230,18 +224,19 @@ static inline __attribute__((always_inline)) void attend_group(
             mx[a] = d > mx[a] ? d : mx[a];
         }
     }
-    for (int64_t a = 0; a < group; a++) {  /* mx is finite: a row always sees its own new key */
-        inv[a] = 1.0f / exp_shift_sum(sc + a * ctx, ctx, mx[a]);
+    for (int64_t a = 0; a < group; a++) {  /* mx is finite: some key is attended */
+        float total = exp_shift_sum(sc + a * ctx, ctx, mx[a]);
+        inv[a] = 1.0f / total;
+        if (lse) lse[a * lstride] = mx[a] + logf(total);
     }
 #ifdef GK_AVX2
     if (hd % 32 == 0) {
-        float *o = out_row + g * group * hd;
         for (int64_t a = 0; a < group; a += 2) {
             int two = a + 1 < group;
             const float *p1 = two ? sc + (a + 1) * ctx : sc;
             for (int64_t e = 0; e < hd; e += 32)
-                values32(sc + a * ctx, p1, two, V, ctx, hd, e, inv[a], two ? inv[a + 1] : 0.0f, o + a * hd,
-                         o + (a + two) * hd);
+                values32(sc + a * ctx, p1, two, V, ctx, hd, e, inv[a], two ? inv[a + 1] : 0.0f, o + a * ostride,
+                         o + (a + two) * ostride);
         }
         return;
     }
@@ -253,9 +248,22 @@ static inline __attribute__((always_inline)) void attend_group(
             float w = p[j];
             for (int64_t e = 0; e < hd; e++) acc[e] += w * V[j * hd + e];
         }
-        float *o = out_row + (g * group + a) * hd;
-        for (int64_t e = 0; e < hd; e++) o[e] = acc[e] * inv[a];
+        for (int64_t e = 0; e < hd; e++) o[a * ostride + e] = acc[e] * inv[a];
     }
+}
+
+/* One row's kv head g at a decode step: its new key (normed, rotated) and value go to the cache slot,
+ * then the `group` query heads that share it attend over slots 0..slot (a row always sees its new key). */
+static inline __attribute__((always_inline)) void attend_group(
+        const float *qkv_row, int64_t g, const float *c, const float *s, const float *q_norm,
+        const float *k_norm, float eps, float *K, float *V, int64_t slot, const uint8_t *m,
+        int64_t nh, int64_t nkv, int64_t group, const int64_t hd, float scale, float *sc, float *out_row) {
+    float tmp[hd], q[group * hd];
+    norm_rope(qkv_row + (nh + g) * hd, k_norm, eps, c, s, hd, tmp, K + slot * hd);
+    memcpy(V + slot * hd, qkv_row + (nh + nkv + g) * hd, (size_t)hd * sizeof(float));
+    for (int64_t a = 0; a < group; a++)
+        norm_rope(qkv_row + (g * group + a) * hd, q_norm, eps, c, s, hd, tmp, q + a * hd);
+    attend_heads(q, group, hd, K, V, m, slot + 1, scale, sc, out_row + g * group * hd, hd, NULL, 0);
 }
 
 void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t,
@@ -272,6 +280,40 @@ void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, co
         float *K = kc + (r * nkv + g) * S * hd, *V = vc + (r * nkv + g) * S * hd, *o = out + r * nh * hd;
         const uint8_t *m = mask + r * mask_stride;
 #define GK_ATTEND(HD) attend_group(row, g, c, s, q_norm, k_norm, eps, K, V, slot, m, nh, nkv, group, HD, scale, sc, o)
+        switch (hd) {
+            case 32: GK_ATTEND(32); break;
+            case 64: GK_ATTEND(64); break;
+            case 128: GK_ATTEND(128); break;
+            default: GK_ATTEND(hd);
+        }
+#undef GK_ATTEND
+        if (sc != stack_sc) free(sc);
+    }
+}
+
+/* Attention of every query of a training pass (the forward; its backward is PyTorch's flash kernel's).
+ *   q [B, H, L, hd] with strides qs = (batch, head, query), k and v [B, Hkv, S, hd] with (batch, head)
+ *   strides ks and vs (each key's and value's hd floats contiguous, one after the other), mask [B, L, S] uint8 (key j of query i of row b is attended when nonzero;
+ *   every query attends some key) -> out [B, L, H, hd] and lse [B, L, H] = log sum_j e^(s_ij) (contiguous:
+ *   the layouts of PyTorch's flash kernel). Each query stops at its last attended key, so a causal mask
+ *   costs half the pairs of the full square (PyTorch's CPU flash kernel skips only whole 512-key blocks). */
+void gk_attention_fwd(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
+                      const int64_t *vs, const uint8_t *mask, int64_t B, int64_t H, int64_t Hkv, int64_t L, int64_t S, int64_t hd,
+                      float scale, float *out, float *lse) {
+    int64_t group = H / Hkv;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < B * Hkv * L; t++) {
+        int64_t b = t / (Hkv * L), g = (t / L) % Hkv, i = t % L, h0 = g * group;
+        const uint8_t *m = mask + (b * L + i) * S;
+        int64_t ctx = S;
+        while (ctx > 1 && !m[ctx - 1]) ctx--;
+        float qv[group * hd], stack_sc[2048];
+        float *sc = group * ctx <= 2048 ? stack_sc : malloc((size_t)(group * ctx) * sizeof(float));
+        for (int64_t a = 0; a < group; a++)
+            memcpy(qv + a * hd, q + b * qs[0] + (h0 + a) * qs[1] + i * qs[2], (size_t)hd * sizeof(float));
+        const float *K = k + b * ks[0] + g * ks[1], *V = v + b * vs[0] + g * vs[1];
+        float *o = out + ((b * L + i) * H + h0) * hd, *l = lse + (b * L + i) * H + h0;
+#define GK_ATTEND(HD) attend_heads(qv, group, HD, K, V, m, ctx, scale, sc, o, HD, l, 1)
         switch (hd) {
             case 32: GK_ATTEND(32); break;
             case 64: GK_ATTEND(64); break;

@@ -1,0 +1,99 @@
+"""The training passes' C attention forward (grpokit.attention): equal to PyTorch's SDPA in output and
+gradients, used only where it applies, and transformers' registry restored after every pass."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpokit import attention, logprobs, native
+from grpokit.bench import bench_prompts, build_model
+from grpokit.logprobs import per_token_logprobs
+from grpokit.rollout import sample_groups
+
+K = native.kernels()
+needs_kernels = pytest.mark.skipif(K is None, reason="no C compiler could build grpokit's kernels")
+
+
+def _mask(B, L, S, pads):
+    """Causal with the queries at the end of the keys (a completion pass on a cached prompt), each row's
+    first pads[b] keys masked (left padding)."""
+    m = torch.ones(B, L, S, dtype=torch.bool).tril(S - L)
+    for b, p in enumerate(pads):
+        m[b, :, :p] = False
+    return m
+
+
+@needs_kernels
+@pytest.mark.parametrize("H,Hkv,hd", [(4, 2, 32), (6, 2, 24), (4, 4, 64), (3, 1, 128)])
+@pytest.mark.parametrize("L,S", [(9, 17), (1, 5), (20, 20)])
+def test_forward_and_gradients_equal_sdpa(lib, H, Hkv, hd, L, S):
+    torch.manual_seed(H * L)
+    B = 3
+    base = torch.randn(B, L, H, hd)                                       # q as transformers has it: a transposed view
+    q = base.transpose(1, 2).requires_grad_()
+    k, v = torch.randn(B, Hkv, S, hd, requires_grad=True), torch.randn(B, Hkv, S, hd, requires_grad=True)
+    mask = _mask(B, L, S, [0, min(2, S - L), min(3, S - L)])          # every query sees some key
+    out = attention.KernelAttention.apply(q, k, v, mask, hd ** -0.5, lib)  # [B, L, H, hd]
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True).transpose(1, 2)
+    assert torch.allclose(out, ref, atol=1e-5)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4)
+
+
+def _logprobs_and_grads(model, ids, att, T):
+    model.zero_grad()
+    lp = per_token_logprobs(model, ids, att, T)
+    (lp * torch.randn(lp.shape, generator=torch.Generator().manual_seed(0))).sum().backward()
+    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@needs_kernels
+def test_logprobs_and_gradients_equal_the_sdpa_pass(monkeypatch):
+    """per_token_logprobs on the bench model (left-padded prompts of different lengths, shared-prompt pass):
+    the kernel runs once per layer and the log-probs and every gradient equal SDPA's."""
+    model, tok = build_model("tiny")
+    r = sample_groups(model, tok, ["1+2=", "12+30=", "7*8 is", "9"], 3, 12, suppress_eos=True)
+    ids, att = torch.cat([r.prompt_ids, r.completion_ids], 1), torch.cat([r.prompt_mask, r.completion_mask], 1)
+    assert bool((r.prompt_mask == 0).any())                               # some left padding
+    calls = []
+    apply = attention.KernelAttention.apply
+    monkeypatch.setattr(attention.KernelAttention, "apply", lambda *a: calls.append(1) or apply(*a))
+    lp, grads = _logprobs_and_grads(model, ids, att, 12)
+    assert len(calls) == model.config.num_hidden_layers                   # the completion pass of every layer
+    monkeypatch.setattr(logprobs, "kernel_attention", lambda m: contextlib.nullcontext())
+    lp0, grads0 = _logprobs_and_grads(model, ids, att, 12)
+    assert torch.allclose(lp, lp0, atol=1e-5)
+    for n, g in grads0.items():
+        assert torch.allclose(grads[n], g, atol=1e-5 * max(1.0, float(g.abs().max()))), n
+
+
+@needs_kernels
+def test_only_where_it_applies_and_registry_restored():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model, _ = build_model("tiny")
+    before = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    q, k = torch.randn(2, 4, 3, 32), torch.randn(2, 2, 5, 32)
+    mask = _mask(2, 3, 5, [0, 1])[:, None]
+    ok = dict(module=None, query=q, key=k, value=k, mask=mask, dropout=0.0, kwargs={})
+    assert attention._usable(K, **ok)
+    assert not attention._usable(K, **{**ok, "mask": None})               # no mask: transformers' causal path
+    assert not attention._usable(K, **{**ok, "dropout": 0.1})
+    assert not attention._usable(K, **{**ok, "query": q.double(), "key": k.double(), "value": k.double()})
+    assert not attention._usable(K, **{**ok, "mask": mask.float()})      # additive masks: not this kernel
+    empty = mask.clone()
+    empty[0, 0, 1] = False                                                # a query that attends nothing
+    assert not attention._usable(K, **{**ok, "mask": empty})
+    with attention.kernel_attention(model):
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is not before
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+    with pytest.raises(RuntimeError), attention.kernel_attention(model):
+        raise RuntimeError("a failing pass")
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+    with attention.kernel_attention(model.to(torch.bfloat16)):           # not float32: nothing is swapped
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
