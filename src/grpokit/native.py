@@ -233,6 +233,20 @@ class WholeStep:
                                                                         dec.head.bias]
         return WholeStep(dec, k, rows) if all(t is None or t.is_contiguous() for t in tensors) else None
 
+    def prefill(self, ids: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, G: int) -> torch.Tensor:
+        """The decoder's prefill as P one-call steps over the B prompt rows [B, P] (short prompts: ~20 PyTorch
+        calls a layer cost more than P C calls), then each prompt's keys/values copied to its G cache rows.
+        valid [B, P] bool (False: left padding), pos [B, P]. Returns the last position's logits [B, V]."""
+        B, P = ids.shape
+        for s in range(P):
+            seen = valid.clone()
+            seen[:, s] = True                                             # a pad position sees itself: no empty row
+            logits = self(ids[:, s].contiguous(), pos[:, s].contiguous(), s, seen)
+        rows = torch.arange(B, device=ids.device).repeat_interleave(G)
+        kv = self.dec.kv
+        kv[:, :, :B * G, :, :P] = kv[:, :, rows, :, :P]                   # the gather copies before the write
+        return logits
+
     def __call__(self, tok: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
         """tok, pos [n] (int64), key_mask [n, >= slot + 1] -> logits [n, V]; the cache slot `slot` is written."""
         d, n = self.dec, tok.shape[0]

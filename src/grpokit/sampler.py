@@ -214,24 +214,12 @@ class LeanDecoder:
         B, P = ids.shape
         pos = position_ids_from_mask(mask)                                # [B, P]
         if self.whole is not None and self.record is None:
-            return self._prefill_by_steps(ids, mask.bool(), pos, group_size)
+            return self.whole.prefill(ids, mask.bool(), pos, group_size)
         keep = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()[None] & mask.bool()[:, None, :]
         keep |= torch.eye(P, dtype=torch.bool, device=ids.device)        # pad queries see themselves: no NaN
         h = self._layers(F.embedding(ids, self.embed), self.cos[pos][:, None], self.sin[pos][:, None],
                          slice(0, P), keep[:, None], B * group_size)
         return self.head(h)
-
-    def _prefill_by_steps(self, ids: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, G: int) -> torch.Tensor:
-        """`prefill` as P one-call decode steps over the B prompt rows (short prompts: ~20 PyTorch calls a
-        layer cost more than P C calls), then each prompt's keys/values copied to its G rows."""
-        B, P = ids.shape
-        for s in range(P):
-            seen = valid.clone()
-            seen[:, s] = True                                             # a pad position sees itself: no empty row
-            logits = self.whole(ids[:, s].contiguous(), pos[:, s].contiguous(), s, seen)
-        rows = torch.arange(B, device=ids.device).repeat_interleave(G)
-        self.kv[:, :, :B * G, :, :P] = self.kv[:, :, rows, :, :P]         # the gather copies before the write
-        return logits
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
         """One token per row: tok, pos [n]; key_mask [n, >= slot + 1] (valid key slots). Returns logits [n, V]."""
