@@ -80,7 +80,7 @@ def test_only_where_it_applies_and_registry_restored():
     before = ALL_ATTENTION_FUNCTIONS["sdpa"]
     q, k = torch.randn(2, 4, 3, 32), torch.randn(2, 2, 5, 32)
     mask = _mask(2, 3, 5, [0, 1])[:, None]
-    ok = dict(module=None, query=q, key=k, value=k, mask=mask, dropout=0.0, kwargs={})
+    ok = dict(query=q, key=k, value=k, mask=mask, dropout=0.0, kwargs={})
     assert attention._usable(K, **ok)
     assert not attention._usable(K, **{**ok, "mask": None})               # no mask: transformers' causal path
     assert not attention._usable(K, **{**ok, "dropout": 0.1})

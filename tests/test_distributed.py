@@ -113,7 +113,12 @@ def test_two_ranks_give_the_one_process_update_and_metrics(tmp_path, monkeypatch
                                       for k in ranks[0]["weights"])      # DDP replicas stay identical
     moved = 0.0
     for name, w in single["weights"].items():
-        assert float((ranks[0]["weights"][name] - w).abs().max()) <= 1e-6, name
+        # Adam's first step divides each element's gradient by its own size (g / (|g| + eps)), so an element
+        # whose gradient is near zero carries the reductions' float rounding into its update: a few single
+        # elements reach ~1e-3 of the lr-sized step (measured: at most 3 per tensor above 1e-7, largest
+        # 1.01e-6), every other element agrees to 1e-4 of it.
+        d = (ranks[0]["weights"][name] - w).abs()
+        assert float(d.max()) <= 2e-6 and int((d > 1e-7).sum()) <= 8, name
         moved = max(moved, float((w - before[name]).abs().max()))
     assert moved > 5e-4                          # the step did change the weights (lr = 1e-3)
     for key in ("reward_mean", "reward_std", "approx_kl", "completion_tokens", "completion_length_mean",

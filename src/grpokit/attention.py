@@ -57,7 +57,7 @@ class KernelAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def _usable(lib, module, query, key, value, mask, dropout: float, kwargs: dict) -> bool:
+def _usable(lib, query, key, value, mask, dropout: float, kwargs: dict) -> bool:
     """Whether the kernel computes what transformers' sdpa function would for these arguments."""
     if lib is None or dropout or mask is None or mask.dtype != torch.bool or any(
             kwargs.get(name) for name in ("softcap", "position_bias", "output_attentions", "sliding_window")):
@@ -88,7 +88,7 @@ def kernel_attention(model) -> Iterator[None]:
 
     def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                           **kwargs):
-        if not _usable(lib, module, query, key, value, attention_mask, dropout, kwargs):
+        if not _usable(lib, query, key, value, attention_mask, dropout, kwargs):
             return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                             is_causal=is_causal, **kwargs)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
