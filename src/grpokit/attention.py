@@ -65,7 +65,9 @@ def _usable(lib, query, key, value, mask, dropout: float, kwargs: dict) -> bool:
     B, H, L, hd = query.shape
     if not all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in (query, key, value)):
         return False
-    if key.shape != value.shape or key.shape[0] != B or H % key.shape[1] or key.stride(2) != hd or value.stride(2) != hd:
+    if key.shape != value.shape or key.shape[0] != B or H % key.shape[1]:
+        return False
+    if key.stride(2) != hd or value.stride(2) != hd:                     # each key's hd floats follow the last
         return False
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[0] != B or tuple(mask.shape[2:]) != (L, key.shape[2]):
         return False

@@ -252,6 +252,10 @@ static inline __attribute__((always_inline)) void attend_heads(
     }
 }
 
+/* CALL(HD) with HD a constant for the usual head sizes (the loops over hd then have a fixed trip count), else hd. */
+#define GK_BY_HEAD_SIZE(hd, CALL) \
+    switch (hd) { case 32: CALL(32); break; case 64: CALL(64); break; case 128: CALL(128); break; default: CALL(hd); }
+
 /* One row's kv head g at a decode step: its new key (normed, rotated) and value go to the cache slot,
  * then the `group` query heads that share it attend over slots 0..slot (a row always sees its new key). */
 static inline __attribute__((always_inline)) void attend_group(
@@ -280,12 +284,7 @@ void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, co
         float *K = kc + (r * nkv + g) * S * hd, *V = vc + (r * nkv + g) * S * hd, *o = out + r * nh * hd;
         const uint8_t *m = mask + r * mask_stride;
 #define GK_ATTEND(HD) attend_group(row, g, c, s, q_norm, k_norm, eps, K, V, slot, m, nh, nkv, group, HD, scale, sc, o)
-        switch (hd) {
-            case 32: GK_ATTEND(32); break;
-            case 64: GK_ATTEND(64); break;
-            case 128: GK_ATTEND(128); break;
-            default: GK_ATTEND(hd);
-        }
+        GK_BY_HEAD_SIZE(hd, GK_ATTEND);
 #undef GK_ATTEND
         if (sc != stack_sc) free(sc);
     }
@@ -293,13 +292,14 @@ void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, co
 
 /* Attention of every query of a training pass (the forward; its backward is PyTorch's flash kernel's).
  *   q [B, H, L, hd] with strides qs = (batch, head, query), k and v [B, Hkv, S, hd] with (batch, head)
- *   strides ks and vs (each key's and value's hd floats contiguous, one after the other), mask [B, L, S] uint8 (key j of query i of row b is attended when nonzero;
- *   every query attends some key) -> out [B, L, H, hd] and lse [B, L, H] = log sum_j e^(s_ij) (contiguous:
+ *   strides ks and vs (each key's and value's hd floats contiguous, one after the other), mask [B, L, S]
+ *   uint8 (key j of query i of row b is attended when nonzero; every query attends some key)
+ *   -> out [B, L, H, hd] and lse [B, L, H] = log sum_j e^(s_ij) (contiguous:
  *   the layouts of PyTorch's flash kernel). Each query stops at its last attended key, so a causal mask
  *   costs half the pairs of the full square (PyTorch's CPU flash kernel skips only whole 512-key blocks). */
 void gk_attention_fwd(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
-                      const int64_t *vs, const uint8_t *mask, int64_t B, int64_t H, int64_t Hkv, int64_t L, int64_t S, int64_t hd,
-                      float scale, float *out, float *lse) {
+                      const int64_t *vs, const uint8_t *mask, int64_t B, int64_t H, int64_t Hkv, int64_t L, int64_t S,
+                      int64_t hd, float scale, float *out, float *lse) {
     int64_t group = H / Hkv;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < B * Hkv * L; t++) {
@@ -314,12 +314,7 @@ void gk_attention_fwd(const float *q, const int64_t *qs, const float *k, const i
         const float *K = k + b * ks[0] + g * ks[1], *V = v + b * vs[0] + g * vs[1];
         float *o = out + ((b * L + i) * H + h0) * hd, *l = lse + (b * L + i) * H + h0;
 #define GK_ATTEND(HD) attend_heads(qv, group, HD, K, V, m, ctx, scale, sc, o, HD, l, 1)
-        switch (hd) {
-            case 32: GK_ATTEND(32); break;
-            case 64: GK_ATTEND(64); break;
-            case 128: GK_ATTEND(128); break;
-            default: GK_ATTEND(hd);
-        }
+        GK_BY_HEAD_SIZE(hd, GK_ATTEND);
 #undef GK_ATTEND
         if (sc != stack_sc) free(sc);
     }
