@@ -295,3 +295,29 @@ def test_build_is_cached_and_can_be_switched_off(monkeypatch, tmp_path, torch_op
     stamp = first.stat().st_mtime_ns
     assert native.build(tmp_path) == first and first.stat().st_mtime_ns == stamp   # found, not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [first.name]           # no temporary file left behind
+
+
+@needs_kernels
+def test_prefill_by_steps_only_for_short_prompts(tiny_model, char_tokenizer, monkeypatch):
+    """Prompts up to PREFILL_STEPS_MAX tokens are prefilled by one-call steps, longer ones by the batched
+    pass; both give the PyTorch ops' first logits and cache (1e-5)."""
+    from grpokit.rollout import encode_prompts
+
+    if not _one_call_modes():
+        pytest.skip("no one-call step in this build")
+    used = []
+    prefill = native.WholeStep.prefill
+    monkeypatch.setattr(native.WholeStep, "prefill", lambda self, *a: used.append(a[0].shape[1]) or prefill(self, *a))
+    for prompts in (PROMPTS, ["1+2+3+4+5+6+7+8+9 is what?", "a"]):        # longest 12 and 26 characters
+        ids, mask = encode_prompts(char_tokenizer, prompts, None)
+        with torch.no_grad():
+            eng = sampler._LeanEngine(tiny_model.eval(), ids, mask, 2, 4)
+        assert eng.dec.whole is not None
+        P = ids.shape[1]
+        with torch.no_grad():                                             # the PyTorch-ops reference
+            dec = sampler.LeanDecoder(tiny_model, ids.shape[0] * 2, P + 4)
+            dec.whole, dec.native = None, None
+            want = dec.prefill(ids, mask, 2).repeat_interleave(2, 0)
+        assert torch.allclose(eng.first_logits(), want, atol=1e-5)
+        assert torch.allclose(eng.dec.kv[..., :P, :], dec.kv[..., :P, :], atol=1e-5)
+    assert used == [12] and sampler.PREFILL_STEPS_MAX < 26                # the short prompts only

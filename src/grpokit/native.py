@@ -190,7 +190,7 @@ def _layer_tensors(w: dict) -> tuple:
             w["down"].weight, w["down"].bias, w["ln1"], w["ln2"], w["q_norm"], w["k_norm"])
 
 
-_MATRICES, _BIASES = (0, 2, 4, 6), (1, 3, 5, 7)   # positions in _layer_tensors: qkv, o, gu, down
+_MATRICES = (0, 2, 4, 6)   # positions in _layer_tensors of qkv, o, gu, down; each one's bias follows it
 
 
 class WholeStep:
@@ -198,7 +198,8 @@ class WholeStep:
     on weights packed into 16-column panels here, once per sampling call, by the C tile (where the AVX2
     paths are compiled in), else by PyTorch's own sgemm. The rows are split over torch's threads, each
     running the whole step for its rows single-threaded (rows never interact in a decode step): one fork
-    and join per step instead of one per operation. Built by `plan`, which returns None where the per-layer path must run."""
+    and join per step instead of one per operation. Built by `plan`, which returns None where the
+    per-layer path must run."""
 
     def __init__(self, dec, k: DecodeKernels, rows: int) -> None:
         self.dec, self.k = dec, k
@@ -206,17 +207,22 @@ class WholeStep:
         self.I = w0["down"].weight.shape[1]
         # With the AVX2 tile, the matrices are packed once here (gk_linear_packed) instead of by MKL at every call.
         self.panels = k.vector_width == 8
-        tensors = [t for w in dec.layers for t in _layer_tensors(w)]
+        tensors = [t for w in dec.layers for t in (self._packed(w) if self.panels else _layer_tensors(w))]
         self.head_w, self.head_b = dec.head.weight, dec.head.bias
         if self.panels:
-            tensors = [pack_panels(t, k) if i % len(_layer_tensors(w0)) in _MATRICES else
-                       pad_bias(t) if i % len(_layer_tensors(w0)) in _BIASES else t for i, t in enumerate(tensors)]
             self.head_w, self.head_b = pack_panels(self.head_w, k), pad_bias(self.head_b)
         self.tensors = tensors                                 # kept alive: the C side holds their addresses
         ptrs = [None if t is None else t.data_ptr() for t in tensors]
         self.ptrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
         H, width = dec.embed.shape[1], (dec.nh + 2 * dec.nkv) * dec.hd
         self.work = dec.embed.new_empty(rows * (3 * H + width + dec.nh * dec.hd + 3 * self.I))
+
+    def _packed(self, w: dict) -> list:
+        """`_layer_tensors` with the four matrices packed into panels and their biases padded."""
+        t = list(_layer_tensors(w))
+        for i in _MATRICES:
+            t[i], t[i + 1] = pack_panels(t[i], self.k), pad_bias(t[i + 1])
+        return t
 
     @staticmethod
     def plan(dec, rows: int) -> WholeStep | None:

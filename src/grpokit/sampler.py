@@ -134,6 +134,11 @@ class DecodeLinear:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+# Prompts up to this length are prefilled as one-call decode steps (`WholeStep.prefill`); longer ones as one
+# batched pass. Tiny bench model, 4 prompts: 2.9 vs 4.0 ms at 10 tokens, 7.2 vs 5.5 ms at 32, 13.2 vs 8.1 at 64.
+PREFILL_STEPS_MAX = 16
+
+
 class LeanDecoder:
     """A Llama-family decoder for sampling: fused weights, rotary tables, and an owned KV cache."""
 
@@ -213,7 +218,7 @@ class LeanDecoder:
         """Prompts [B, P] (left-padded) once; their keys/values fill cache rows b*G..b*G+G-1. Returns [B, V]."""
         B, P = ids.shape
         pos = position_ids_from_mask(mask)                                # [B, P]
-        if self.whole is not None and self.record is None:
+        if self.whole is not None and self.record is None and P <= PREFILL_STEPS_MAX:
             return self.whole.prefill(ids, mask.bool(), pos, group_size)
         keep = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()[None] & mask.bool()[:, None, :]
         keep |= torch.eye(P, dtype=torch.bool, device=ids.device)        # pad queries see themselves: no NaN
