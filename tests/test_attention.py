@@ -27,14 +27,28 @@ def _mask(B, L, S, pads):
 
 @needs_kernels
 @pytest.mark.parametrize("H,Hkv,hd", [(4, 2, 32), (6, 2, 24), (4, 4, 64), (3, 1, 128)])
-@pytest.mark.parametrize("L,S", [(9, 17), (1, 5), (20, 20)])
+@pytest.mark.parametrize("L,S", [(9, 17), (1, 5), (20, 20), (70, 75)])  # 70: two whole 32-query blocks + 6
 def test_forward_and_gradients_equal_sdpa(lib, H, Hkv, hd, L, S):
+    _check_against_sdpa(lib, H, Hkv, hd, _mask(3, L, S, [0, min(2, S - L), min(3, S - L)]))  # every query sees a key
+
+
+@needs_kernels
+@pytest.mark.parametrize("H,Hkv,hd", [(4, 2, 32), (6, 3, 40)])
+def test_gradients_equal_sdpa_for_any_mask(lib, H, Hkv, hd):
+    """Not causal: each query attends a random set of keys (its last one anywhere), across query blocks."""
+    torch.manual_seed(hd)
+    B, L, S = 2, 45, 50
+    mask = torch.rand(B, L, S) < 0.3
+    mask[torch.arange(B)[:, None], torch.arange(L), torch.randint(0, S, (B, L))] = True
+    _check_against_sdpa(lib, H, Hkv, hd, mask)
+
+
+def _check_against_sdpa(lib, H, Hkv, hd, mask):
+    B, L, S = mask.shape
     torch.manual_seed(H * L)
-    B = 3
     base = torch.randn(B, L, H, hd)                                       # q as transformers has it: a transposed view
     q = base.transpose(1, 2).requires_grad_()
     k, v = torch.randn(B, Hkv, S, hd, requires_grad=True), torch.randn(B, Hkv, S, hd, requires_grad=True)
-    mask = _mask(B, L, S, [0, min(2, S - L), min(3, S - L)])          # every query sees some key
     out = attention.KernelAttention.apply(q, k, v, mask, hd ** -0.5, lib)  # [B, L, H, hd]
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True).transpose(1, 2)
     assert torch.allclose(out, ref, atol=1e-5)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from grpokit.config import build_config
-from grpokit.logprobs import per_token_logprobs, position_ids_from_mask
+from grpokit import logprobs
+from grpokit.logprobs import HeadLogprobs, _chunk_logprobs, per_token_logprobs, position_ids_from_mask
 from grpokit.membench import compare, memory_breakdown
 from grpokit.models import tiny_random_model
 from grpokit.trainer import make_optimizer
@@ -44,9 +45,13 @@ def _grads(model, lp, weights):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("keep_probs", [False, True])                # V = 64 H: recomputed unless the ratio allows
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_chunked_logprobs_and_gradients_equal_the_unchunked_ones(big_vocab_model, temperature):
+def test_chunked_logprobs_and_gradients_equal_the_unchunked_ones(big_vocab_model, temperature, keep_probs,
+                                                                 monkeypatch):
     model, _ = big_vocab_model
+    if keep_probs:
+        monkeypatch.setattr(logprobs, "KEEP_PROBS_VOCAB_RATIO", VOCAB)
     ids, att = _batch()
     T = 12
     weights = torch.randn(3, T)
@@ -61,6 +66,27 @@ def test_chunked_logprobs_and_gradients_equal_the_unchunked_ones(big_vocab_model
     with torch.no_grad():                                                # the reference's path (no grad)
         assert torch.allclose(per_token_logprobs(model, ids, att, T, temperature=temperature, chunk_rows=7),
                               want.detach(), atol=1e-5)
+
+
+@pytest.mark.parametrize("keep_probs", [False, True])
+def test_head_logprobs_gradients_entropy_and_what_it_saves(keep_probs):
+    """HeadLogprobs (bias, temperature, entropy) equals autograd through the plain chunk computation; it
+    saves a [R, V] tensor for backward only when told to keep the probabilities."""
+    torch.manual_seed(3)
+    R, H, V = 11, 8, 50
+    h, W, b = torch.randn(R, H, requires_grad=True), torch.randn(V, H, requires_grad=True), torch.randn(V, requires_grad=True)
+    t, g = torch.randint(0, V, (R,)), torch.randn(R)
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: sizes.append(x.numel()) or x, lambda x: x):
+        lp, ent = HeadLogprobs.apply(h, W, b, t, 0.7, keep_probs, True)
+    assert (R * V in sizes) == keep_probs
+    want_lp, want_ent = _chunk_logprobs(h, t, W, b, 0.7, with_entropy=True)
+    assert torch.allclose(lp, want_lp, atol=1e-5) and torch.allclose(ent, want_ent, atol=1e-5)
+    assert not ent.requires_grad
+    got = torch.autograd.grad(lp, (h, W, b), g)
+    want = torch.autograd.grad(want_lp, (h, W, b), g)
+    for a, w in zip(got, want):
+        assert torch.allclose(a, w, atol=1e-5)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(big_vocab_model):

@@ -321,3 +321,36 @@ def test_prefill_by_steps_only_for_short_prompts(tiny_model, char_tokenizer, mon
         assert torch.allclose(eng.first_logits(), want, atol=1e-5)
         assert torch.allclose(eng.dec.kv[..., :P, :], dec.kv[..., :P, :], atol=1e-5)
     assert used == [12] and sampler.PREFILL_STEPS_MAX < 26                # the short prompts only
+
+
+_REGROW = """
+import resource, torch
+from grpokit import native
+kept = native.keep_freed_memory()
+faults = []
+for _ in range(4):                       # one pass's worth of large activations, allocated then all freed
+    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    blocks = [torch.ones(2 << 20) for _ in range(10)]   # 10 x 8 MiB, written
+    del blocks
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
+print(kept, faults[-1])
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="a glibc malloc setting")
+def test_keep_freed_memory_stops_refaulting_each_pass():
+    """Without it glibc hands the freed 80 MiB back and the next pass faults every page in again (~20,000
+    faults); with it the pages are reused. GRPOKIT_KEEP_MEMORY=0 leaves malloc alone."""
+    import os
+    import subprocess
+    import sys
+
+    def run(**env):
+        out = subprocess.run([sys.executable, "-c", _REGROW], capture_output=True, text=True, check=True,
+                             env={**os.environ, **env}).stdout.split()
+        return out[0] == "True", int(out[1])
+
+    kept, faults = run()
+    plain_kept, plain_faults = run(GRPOKIT_KEEP_MEMORY="0")
+    assert kept and not plain_kept
+    assert faults < 1000 and plain_faults > 10 * faults + 5000

@@ -158,10 +158,12 @@ def run_grpokit(args) -> dict:
     from .config import build_config
     from .metrics import PhaseTimer
     from .models import frozen_reference
+    from .native import keep_freed_memory
     from .rollout import sample_groups
     from .trainer import TrainState, compute_advantages, forward_logprobs, make_optimizer, policy_update
     from .reuse import recording_policy
 
+    keep_freed_memory()                                                   # as trainer.build_state does
     model, tok = build_model(args.size, args.seed, args.mean_length, args.model)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()

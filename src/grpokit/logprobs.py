@@ -21,11 +21,14 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .attention import kernel_attention
+from .fused_ops import fused_ops
 
 # Architectures whose decoder takes a transformers DynamicCache with the usual (ids, mask, positions).
 CACHE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "olmo", "olmo2", "granite", "smollm3")
 # Configs whose lm-head output is not plain `hidden @ W.T (+ b)`; they take the generic path.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+# Under autograd the lm-head keeps each chunk's probabilities for backward when V <= this x H; else recomputes.
+KEEP_PROBS_VOCAB_RATIO = 8
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -83,7 +86,9 @@ def per_token_logprobs(
     """
     T = completion_length
     targets = input_ids[:, -T:]                                           # [B, T]
-    with kernel_attention(model):                                         # the C attention forward on the CPU
+    # Not under activation checkpointing: its recompute runs in backward, after the swap, with the class's forward.
+    ops = contextlib.nullcontext() if checkpointing_enabled(model) else fused_ops(model)
+    with kernel_attention(model), ops:                                    # C attention, MLP and RMSNorm kernels (CPU)
         hidden, weight, bias = _final_hidden(model, input_ids, attention_mask, T, share_prompts)
     return head_logprobs(hidden, targets, weight, bias, temperature, chunk_rows, return_entropy)
 
@@ -106,25 +111,82 @@ def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return hidden, head.weight, head.bias
 
 
+class HeadLogprobs(torch.autograd.Function):
+    """log-probs [R] (and entropy [R], no grad) of targets t [R] under softmax((h W^T + b) / tau), h [R, H].
+
+    Forward: z = (h W^T + b) / tau, lse = logsumexp(z), logp = z[t] - lse. Backward, with p = softmax(z):
+        dz = g (onehot(t) - p) / tau,   dh = dz W,   dW = dz^T h,   db = sum_r dz
+    computed in place on one [R, V] buffer (autograd's gather and logsumexp backward allocate several).
+    keep_probs: save p for backward (R x V floats) instead of recomputing z (a second lm-head matmul).
+    """
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, t: torch.Tensor,
+                temperature: float, keep_probs: bool, with_entropy: bool):
+        z = _tempered_logits(h, weight, bias, temperature)                # [R, V]
+        lse = torch.logsumexp(z, dim=-1)                                  # [R]
+        logprobs = z.gather(-1, t[:, None]).squeeze(-1) - lse
+        entropy = None
+        if keep_probs or with_entropy:
+            p = torch.sub(z, lse[:, None]).exp_()                          # [R, V] softmax(z)
+            if with_entropy:
+                entropy = lse - torch.linalg.vecdot(p, z)                 # H = lse - sum_v p_v z_v
+        ctx.save_for_backward(h, weight, bias, t, p if keep_probs else lse)
+        ctx.temperature, ctx.keep_probs = temperature, keep_probs
+        if with_entropy:
+            ctx.mark_non_differentiable(entropy)
+            return logprobs, entropy
+        return logprobs
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor, *_):
+        h, weight, bias, t, saved = ctx.saved_tensors
+        if ctx.keep_probs:
+            p = saved
+        else:
+            p = _tempered_logits(h, weight, bias, ctx.temperature).sub_(saved[:, None]).exp_()
+        dz = p.mul_(-g[:, None])                                          # [R, V] in place: p is not used again
+        dz[torch.arange(len(t), device=t.device), t] += g
+        if ctx.temperature != 1.0:
+            dz.div_(ctx.temperature)
+        dz = dz.to(h.dtype)
+        d_bias = dz.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return dz @ weight, dz.t() @ h, d_bias, None, None, None, None
+
+
+def _tempered_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
+    z = torch.nn.functional.linear(h, weight, bias).float()               # [R, V]
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+def _plain_tensors(*tensors) -> bool:
+    return all(x is None or type(x) in (torch.Tensor, torch.nn.Parameter) for x in tensors)
+
+
 def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                   temperature: float, chunk_rows: int = 1024,
                   return_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Final hidden states [B, T, H] (or logits [B, T, V] when weight is None) -> log-probs of targets [B, T].
 
-    The lm-head runs over chunks of `chunk_rows` rows, recomputed in backward under autograd, so at most
-    [chunk_rows, V] logits exist at a time.
+    The lm-head runs over chunks of `chunk_rows` rows (`HeadLogprobs` under autograd), so at most
+    [chunk_rows, V] logits exist at a time. With gradients, each chunk keeps its probabilities for
+    backward when V <= KEEP_PROBS_VOCAB_RATIO * H (then they cost no more than a few of the [rows, H]
+    activations each decoder layer keeps); larger vocabularies recompute the chunk's logits in backward.
     """
     B, T, H = hidden.shape
     flat_h = hidden.reshape(B * T, H)                                     # [B*T, H]
     flat_t = targets.reshape(B * T)
+    fused = weight is not None and torch.is_grad_enabled() and _plain_tensors(hidden, weight, bias)
+    keep = fused and weight.shape[0] <= KEEP_PROBS_VOCAB_RATIO * H
     pieces, entropies = [], []
-    for start in range(0, B * T, chunk_rows):
-        h, t = flat_h[start:start + chunk_rows], flat_t[start:start + chunk_rows]
-        if weight is None:  # generic path: h already holds logits
+    for h, t in zip(flat_h.split(chunk_rows), flat_t.split(chunk_rows)):  # split: backward is one cat, not a
+        if weight is None:                                                # zero-filled [B*T, H] per slice
             logp = torch.log_softmax(h.float() / temperature, -1)
             out = logp.gather(-1, t[:, None]).squeeze(-1)
             if return_entropy:
                 out = (out, -(logp.exp() * logp).sum(-1).detach())
+        elif fused:
+            out = HeadLogprobs.apply(h, weight, bias, t, temperature, keep, return_entropy)
         elif torch.is_grad_enabled():
             out = checkpoint(_chunk_logprobs, h, t, weight, bias, temperature, return_entropy, use_reentrant=False)
         else:

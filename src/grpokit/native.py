@@ -30,7 +30,9 @@ import torch
 
 log = logging.getLogger("grpokit")
 
-SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name for name in ("decode_kernels.c", "whole_step.c"))
+_CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = tuple(_CSRC / name for name in ("decode_kernels.c", "whole_step.c", "attention_train.c"))
+HEADERS = (_CSRC / "gk_common.h",)
 # Tried in order: OpenMP needs -fopenmp (not every compiler has it); -march=native is not universal.
 # Reassociation lets the compiler vectorize the kernels' sums; no -ffinite-math (the masks use -inf).
 _COMMON = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
@@ -41,7 +43,10 @@ _SIGNATURES = {
     "gk_add_rms": [_P, _P, _P, _F, _I, _I, _P],
     "gk_rope_attend": [_P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _I, _P, _I, _I, _I, _I, _I, _F, _P],
     "gk_sample": [_P, _I, _I, _F, _P, ctypes.c_int, _P, _P],
-    "gk_silu_mul": [_P, _I, _I, _P],
+    "gk_silu_mul": [_P, _P, _I, _I, _I, _P],
+    "gk_silu_mul_bwd": [_P, _P, _P, _I, _P, _P],
+    "gk_rms_fwd": [_P, _P, _F, _I, _I, _P, _P],
+    "gk_rms_bwd": [_P, _P, _P, _P, _I, _I, _I, _P, _P],
     "gk_set_sgemm": [_P],
     "gk_vector_width": [],
     "gk_linear": [_P, _I, _I, _P, _P, _I, _P],
@@ -50,6 +55,7 @@ _SIGNATURES = {
     "gk_linear_packed": [_P, _I, _I, _P, _P, _I, _P],
     "gk_pack_panels": [_P, _I, _I, _P],
     "gk_attention_fwd": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P],
+    "gk_attention_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _P],
 }
 _loaded: DecodeKernels | None | bool = False      # False: not tried yet
 
@@ -78,9 +84,9 @@ def _compiler() -> str | None:
 def build(out_dir: Path | None = None) -> Path | None:
     """Compile the kernels (or find them already built); the library's path, or None when no build works."""
     cc = _compiler()
-    if cc is None or not all(f.is_file() for f in SOURCES):              # no compiler, or an install without csrc/
+    if cc is None or not all(f.is_file() for f in SOURCES + HEADERS):    # no compiler, or an install without csrc/
         return None
-    src = b"\0".join(f.read_bytes() for f in SOURCES)
+    src = b"\0".join(f.read_bytes() for f in SOURCES + HEADERS)
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError):
@@ -115,10 +121,11 @@ class DecodeKernels:
             getattr(lib, name).argtypes = args
             getattr(lib, name).restype = None
         self._add_rms, self._rope_attend, self._sample = lib.gk_add_rms, lib.gk_rope_attend, lib.gk_sample
-        self._silu_mul = lib.gk_silu_mul
+        self._silu_mul, self._silu_mul_bwd = lib.gk_silu_mul, lib.gk_silu_mul_bwd
+        self._rms_fwd, self._rms_bwd = lib.gk_rms_fwd, lib.gk_rms_bwd
         self._decode_step, self._lib_linear = lib.gk_decode_step, lib.gk_linear
         self._linear_packed, self._pack_panels = lib.gk_linear_packed, lib.gk_pack_panels
-        self._attention_fwd = lib.gk_attention_fwd
+        self._attention_fwd, self._attention_bwd = lib.gk_attention_fwd, lib.gk_attention_bwd
         lib.gk_vector_width.restype = ctypes.c_int
         self.vector_width = lib.gk_vector_width()  # 8: the AVX2 paths are compiled in; 1: plain C
         self.whole_step = _hand_over_sgemm(lib)   # False: no usable BLAS symbol, the per-layer path only
@@ -147,7 +154,7 @@ class DecodeKernels:
         """gu [n, 2 I] = [gate | up] -> silu(gate) * up [n, I]."""
         n, I2 = gu.shape
         out = gu.new_empty(n, I2 // 2)
-        self._silu_mul(gu.data_ptr(), n, I2 // 2, out.data_ptr())
+        self._silu_mul(gu.data_ptr(), gu.data_ptr() + I2 // 2 * 4, I2, n, I2 // 2, out.data_ptr())
         return out
 
     def sample(self, logits: torch.Tensor, temperature: float, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -316,3 +323,28 @@ def kernels_for(model) -> DecodeKernels | None:
     if not params or params[0].device.type != "cpu" or any(p.dtype != torch.float32 for p in params):
         return None
     return kernels()
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3                 # glibc's mallopt parameters (malloc.h)
+_kept_memory = False
+
+
+def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
+    """Have glibc's malloc keep freed memory for the next pass instead of returning it to the OS; True if set.
+
+    Every training pass allocates and frees the same large activations. By default glibc serves blocks
+    above a (moving) threshold with mmap and trims the heap's free top, so the next pass faults those
+    pages back in, each one zeroed by the kernel: ~1 us per 4 KiB page on the 2-core test machine, about
+    37,000 faults (~40 ms) per tiny/256 bench step. With blocks up to `mmap_threshold` taken from the heap
+    and up to `trim_threshold` of free heap kept, ~7,000 remain (docs/performance.md). Peak RSS is that of
+    the largest pass either way; between passes the process keeps it. A no-op off glibc and with
+    GRPOKIT_KEEP_MEMORY=0; process-wide, set once.
+    """
+    global _kept_memory
+    if _kept_memory or os.environ.get("GRPOKIT_KEEP_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
+        return _kept_memory
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        _kept_memory = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) & bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+    return _kept_memory

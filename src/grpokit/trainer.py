@@ -33,6 +33,7 @@ from .loss import k3_kl
 from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
 from .lora import is_peft_model, reference_for, save_lora
 from .models import load_model_and_tokenizer, sync_reference
+from .native import keep_freed_memory
 from .rollout import Rollout, merge_kept_groups, sample_groups
 from .reuse import recording_policy, update_plan
 from .update import forward_logprobs, policy_update, skip_update
@@ -115,6 +116,7 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: lis
     dist = Distributed.from_env(cfg.run.fsdp)  # torchrun / accelerate launch: N ranks; else a no-op
     dist.check(cfg.rollout.prompts_per_step)
     torch.manual_seed(cfg.run.seed)
+    keep_freed_memory()                                      # no page faults re-growing each pass's activations
     if model is None:
         model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
     # beta = 0: no reference at all; LoRA: the base with adapters disabled (no copy of the weights)

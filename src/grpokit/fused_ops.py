@@ -1,0 +1,125 @@
+"""The training passes' elementwise layers on the CPU in C: the gated MLP's product and RMSNorm.
+
+Between a small model's matmuls, eager PyTorch runs many passes over [B, T, *] tensors, each bound by
+memory traffic. Two C kernels per layer type (csrc/decode_kernels.c) replace them:
+
+- Gated SiLU MLP, down(silu(gate(x)) * up(x)): eager runs silu and a multiply, and in backward two
+  multiplies and silu's backward (five passes; it also saves silu(g)). `SiluMul` does one pass each way:
+      h = g sigma(g) u,    du = dh g sigma(g),    dg = dh u sigma(g) (1 + g (1 - sigma(g)))
+- RMSNorm, y = w * x r with r = 1 / sqrt(mean(x^2) + eps): eager runs six ops forward and about ten
+  backward. `RMSNormFn` does one pass each way, saving x and r [rows]:
+      dx = r g - x r^3 (g . x) / H  with g = w * dy,    dw = sum_rows dy * x r
+
+The model's own modules stay in place (LoRA-wrapped projections included); `fused_ops(model)` swaps
+only the forward of MLP and RMSNorm modules of known classes, for the duration of a pass, and restores
+it after. Results equal the eager ops to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+
+from .native import DecodeKernels, kernels_for
+
+# Classes whose forward is exactly down_proj(act_fn(gate_proj(x)) * up_proj(x)).
+MLP_CLASSES = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP", "OlmoMLP", "Olmo2MLP", "GraniteMLP", "SmolLM3MLP")
+# Classes whose forward is exactly weight * (x.float() * rsqrt(mean(x^2) + variance_epsilon)).to(x.dtype).
+RMSNORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "Olmo2RMSNorm",
+                   "GraniteRMSNorm", "SmolLM3RMSNorm")
+
+
+class SiluMul(torch.autograd.Function):
+    """h = silu(gate) * up for gate, up [..., I] (float32, contiguous, same shape); C forward and backward."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor, lib: DecodeKernels) -> torch.Tensor:
+        I = gate.shape[-1]
+        out = torch.empty_like(gate)                                      # [..., I]
+        lib._silu_mul(gate.data_ptr(), up.data_ptr(), I, gate.numel() // I, I, out.data_ptr())
+        ctx.save_for_backward(gate, up)
+        ctx.lib = lib
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        d_out = d_out.contiguous()
+        d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
+        ctx.lib._silu_mul_bwd(gate.data_ptr(), up.data_ptr(), d_out.data_ptr(), gate.numel(), d_gate.data_ptr(),
+                              d_up.data_ptr())
+        return d_gate, d_up, None
+
+
+class RMSNormFn(torch.autograd.Function):
+    """y = weight * x / sqrt(mean(x^2, -1) + eps) for x [..., H] (float32, contiguous), weight [H]."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, lib: DecodeKernels) -> torch.Tensor:
+        H = x.shape[-1]
+        n = x.numel() // H
+        out, r = torch.empty_like(x), x.new_empty(n)                      # [..., H], [n]
+        lib._rms_fwd(x.data_ptr(), weight.data_ptr(), eps, n, H, out.data_ptr(), r.data_ptr())
+        ctx.save_for_backward(x, weight, r)
+        ctx.lib = lib
+        return out
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight, r = ctx.saved_tensors
+        dy = dy.contiguous()
+        H = x.shape[-1]
+        n = x.numel() // H
+        parts = max(1, min(64, n))                                        # fixed row ranges: thread-count independent
+        dx, dw = torch.empty_like(x), x.new_empty(parts, H)
+        ctx.lib._rms_bwd(x.data_ptr(), weight.data_ptr(), r.data_ptr(), dy.data_ptr(), n, H, parts, dx.data_ptr(),
+                         dw.data_ptr())
+        return dx, dw.sum(0), None, None
+
+
+def _usable(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+
+
+def _mlp_forward(mlp: torch.nn.Module, lib: DecodeKernels, x: torch.Tensor) -> torch.Tensor:
+    gate, up = mlp.gate_proj(x), mlp.up_proj(x)                           # [..., I] each
+    if _usable(gate, up) and gate.shape == up.shape:
+        return mlp.down_proj(SiluMul.apply(gate, up, lib))
+    return mlp.down_proj(mlp.act_fn(gate) * up)                           # what the class's forward computes
+
+
+def _norm_forward(norm: torch.nn.Module, lib: DecodeKernels, x: torch.Tensor) -> torch.Tensor:
+    if _usable(x, norm.weight) and norm.weight.shape == x.shape[-1:]:
+        return RMSNormFn.apply(x, norm.weight, float(norm.variance_epsilon), lib)
+    return type(norm).forward(norm, x)
+
+
+def _swappable(m: torch.nn.Module) -> bool:
+    name = type(m).__name__
+    if "forward" in vars(m):                                              # replaced on the instance by another library
+        return False
+    if name in MLP_CLASSES:
+        act = getattr(m, "act_fn", None)
+        return (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation") and all(
+            isinstance(getattr(m, p, None), torch.nn.Module) for p in ("gate_proj", "up_proj", "down_proj"))
+    return name in RMSNORM_CLASSES and isinstance(getattr(m, "weight", None), torch.Tensor) and \
+        hasattr(m, "variance_epsilon")
+
+
+@contextlib.contextmanager
+def fused_ops(model: torch.nn.Module) -> Iterator[None]:
+    """For the duration, the model's gated-SiLU MLPs (`MLP_CLASSES`) and RMSNorms (`RMSNORM_CLASSES`) run
+    `SiluMul` and `RMSNormFn` where the kernels apply (float32 on the CPU); else nothing changes.
+    Not for passes under activation checkpointing: the recompute runs later, with the class's forward."""
+    lib = kernels_for(model)
+    swapped = [] if lib is None else [m for m in model.modules() if _swappable(m)]
+    for m in swapped:
+        m.forward = functools.partial(_mlp_forward if type(m).__name__ in MLP_CLASSES else _norm_forward, m, lib)
+    try:
+        yield
+    finally:
+        for m in swapped:
+            del m.forward

@@ -1,0 +1,116 @@
+"""The training passes' fused elementwise layers (grpokit.fused_ops): silu(gate) * up and RMSNorm, and
+their gradients, equal eager PyTorch's; the swap covers exactly the known classes, and every forward is
+restored."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpokit import fused_ops, logprobs, native
+from grpokit.bench import bench_prompts, build_model
+from grpokit.rollout import sample_groups
+
+needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no C compiler could build grpokit's kernels")
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", [(3, 7, 64), (5, 37), (1, 1, 1, 9)])   # 37, 9: lanes past the last 8
+def test_silu_mul_and_gradients_equal_eager(lib, shape):
+    torch.manual_seed(len(shape))
+    gate = (3 * torch.randn(shape)).requires_grad_()                      # large |g|: both tails of the sigmoid
+    up = torch.randn(shape, requires_grad=True)
+    out = fused_ops.SiluMul.apply(gate, up, lib)
+    ref = F.silu(gate) * up
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
+    d = torch.randn(shape)
+    got, want = torch.autograd.grad(out, (gate, up), d), torch.autograd.grad(ref, (gate, up), d)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", [(3, 7, 64), (5, 37), (2, 3, 4, 24), (70, 9)])  # 70 rows: more than 64 parts
+def test_rmsnorm_and_gradients_equal_eager(lib, shape):
+    torch.manual_seed(len(shape) + shape[-1])
+    x = (2 * torch.randn(shape)).requires_grad_()
+    w = (1 + 0.3 * torch.randn(shape[-1])).requires_grad_()
+    eps = 1e-6
+    out = fused_ops.RMSNormFn.apply(x, w, eps, lib)
+    ref = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))   # transformers' Llama/Qwen2 RMSNorm
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
+    d = torch.randn(shape)
+    got, want = torch.autograd.grad(out, (x, w), d), torch.autograd.grad(ref, (x, w), d)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _logprobs_and_grads(model, ids, att, T):
+    model.zero_grad()
+    lp = logprobs.per_token_logprobs(model, ids, att, T)
+    (lp * torch.randn(lp.shape, generator=torch.Generator().manual_seed(0))).sum().backward()
+    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@needs_kernels
+def test_logprobs_and_gradients_equal_the_eager_layers(monkeypatch):
+    torch.manual_seed(0)
+    model, tok = build_model("tiny")
+    r = sample_groups(model, tok, bench_prompts(2), 2, 12)
+    ids, att = torch.cat([r.prompt_ids, r.completion_ids], 1), torch.cat([r.prompt_mask, r.completion_mask], 1)
+    calls = {"mlp": 0, "norm": 0}
+    mlp_apply, norm_apply = fused_ops.SiluMul.apply, fused_ops.RMSNormFn.apply
+    monkeypatch.setattr(fused_ops.SiluMul, "apply", lambda *a: calls.update(mlp=calls["mlp"] + 1) or mlp_apply(*a))
+    monkeypatch.setattr(fused_ops.RMSNormFn, "apply", lambda *a: calls.update(norm=calls["norm"] + 1) or norm_apply(*a))
+    lp, grads = _logprobs_and_grads(model, ids, att, 12)
+    layers = model.config.num_hidden_layers
+    want = {"mlp": 2 * layers, "norm": 2 * (2 * layers + 1)}               # the prompt pass and the completion pass
+    assert calls == want
+    assert not any("forward" in vars(m) for m in model.modules())         # every forward restored
+    monkeypatch.setattr(logprobs, "fused_ops", lambda m: contextlib.nullcontext())
+    lp0, grads0 = _logprobs_and_grads(model, ids, att, 12)
+    assert calls == want                                                  # not called on the eager pass
+    assert torch.allclose(lp, lp0, atol=1e-5)
+    for n, g in grads0.items():
+        assert torch.allclose(grads[n], g, atol=1e-5 * max(1.0, float(g.abs().max()))), n
+
+
+@needs_kernels
+def test_only_known_modules_and_forward_restored():
+    model, _ = build_model("tiny")
+    mlps = [m for m in model.modules() if type(m).__name__ == "Qwen2MLP"]
+    norms = [m for m in model.modules() if type(m).__name__ == "Qwen2RMSNorm"]
+    assert mlps and len(norms) == 2 * len(mlps) + 1
+    with fused_ops.fused_ops(model):
+        assert all("forward" in vars(m) for m in mlps + norms)
+        assert not any("forward" in vars(m) for m in model.modules() if m not in mlps + norms)
+    assert not any("forward" in vars(m) for m in mlps + norms)
+    with pytest.raises(RuntimeError), fused_ops.fused_ops(model):
+        raise RuntimeError("a failing pass")
+    assert not any("forward" in vars(m) for m in mlps)
+    mlps[0].act_fn = torch.nn.GELU()                                      # not SiLU: that module keeps its forward
+    hooked = mlps[1]
+    hooked.forward = hooked.forward                                       # another library's instance-level forward
+    with fused_ops.fused_ops(model):
+        assert "forward" not in vars(mlps[0]) and hooked.forward.__func__ is type(hooked).forward
+        assert all("forward" in vars(m) for m in mlps[2:])
+    assert "forward" in vars(hooked)                                      # the other library's forward is left in place
+    with fused_ops.fused_ops(model.to(torch.bfloat16)):                   # not float32: nothing is swapped
+        assert not any("forward" in vars(m) for m in mlps[2:])
+
+
+@needs_kernels
+def test_non_contiguous_inputs_take_the_eager_ops(monkeypatch):
+    model, _ = build_model("tiny")
+    mlp = next(m for m in model.modules() if type(m).__name__ == "Qwen2MLP")
+    norm = next(m for m in model.modules() if type(m).__name__ == "Qwen2RMSNorm")
+    x = torch.randn(2, 5, model.config.hidden_size)
+    mlp.up_proj.register_forward_hook(lambda mod, inp, out: out.transpose(0, 1).contiguous().transpose(0, 1))
+    x_t = x.transpose(0, 1).contiguous().transpose(0, 1)                  # same values, not contiguous
+    for fn in (fused_ops.SiluMul, fused_ops.RMSNormFn):
+        monkeypatch.setattr(fn, "apply", lambda *a: pytest.fail("a kernel ran on a non-contiguous tensor"))
+    with fused_ops.fused_ops(model):
+        got, got_norm = mlp(x), norm(x_t)
+    assert torch.allclose(got, type(mlp).forward(mlp, x), atol=1e-6)
+    assert torch.allclose(got_norm, type(norm).forward(norm, x), atol=1e-6)
