@@ -31,6 +31,27 @@ def test_silu_mul_and_gradients_equal_eager(lib, shape):
 
 
 @needs_kernels
+@pytest.mark.parametrize("transposed", [False, True])                  # True: the sampler's [L, N, 2I] record as [N, L, 2I]
+def test_gated_silu_mul_on_a_fused_projection(lib, transposed):
+    torch.manual_seed(7)
+    A, N, I = 3, 5, 21
+    base = (3 * torch.randn((N, A, 2 * I) if transposed else (A, N, 2 * I))).requires_grad_()
+    gu = base.transpose(0, 1) if transposed else base                     # [A, N, 2I]
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: sizes.append(x.numel()) or x, lambda x: x):
+        out = fused_ops.silu_mul_halves(gu, torch.nn.SiLU(), lib)
+    assert sizes == [A * N * 2 * I]                                      # gu only: no silu(gate) kept
+    gate, up = gu.chunk(2, -1)
+    ref = F.silu(gate) * up
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
+    d = torch.randn(A, N, I)
+    got, want = torch.autograd.grad(out, base, d), torch.autograd.grad(ref, base, d)
+    assert torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    gelu = fused_ops.silu_mul_halves(gu, torch.nn.GELU(), lib)             # not SiLU: the eager product
+    assert torch.allclose(gelu, F.gelu(gate) * up)
+
+
+@needs_kernels
 @pytest.mark.parametrize("shape", [(3, 7, 64), (5, 37), (2, 3, 4, 24), (70, 9)])  # 70 rows: more than 64 parts
 def test_rmsnorm_and_gradients_equal_eager(lib, shape):
     torch.manual_seed(len(shape) + shape[-1])

@@ -38,8 +38,9 @@ class SiluMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate: torch.Tensor, up: torch.Tensor, lib: DecodeKernels) -> torch.Tensor:
         I = gate.shape[-1]
+        n = gate.numel() // I
         out = torch.empty_like(gate)                                      # [..., I]
-        lib._silu_mul(gate.data_ptr(), up.data_ptr(), I, gate.numel() // I, I, out.data_ptr())
+        lib._silu_mul(gate.data_ptr(), up.data_ptr(), n, 0, I, n, I, out.data_ptr())
         ctx.save_for_backward(gate, up)
         ctx.lib = lib
         return out
@@ -47,11 +48,50 @@ class SiluMul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
         gate, up = ctx.saved_tensors
-        d_out = d_out.contiguous()
+        I = gate.shape[-1]
+        n = gate.numel() // I
         d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
-        ctx.lib._silu_mul_bwd(gate.data_ptr(), up.data_ptr(), d_out.data_ptr(), gate.numel(), d_gate.data_ptr(),
-                              d_up.data_ptr())
+        ctx.lib._silu_mul_bwd(gate.data_ptr(), up.data_ptr(), n, 0, I, d_out.contiguous().data_ptr(), n, I,
+                              d_gate.data_ptr(), d_up.data_ptr(), I)
         return d_gate, d_up, None
+
+
+class GatedSiluMul(torch.autograd.Function):
+    """h [A, N, I] = silu(gu[..., :I]) * gu[..., I:] for a fused projection gu [A, N, 2 I] (float32, last dim
+    contiguous, any strides on the first two: the sampler's transposed record). Saves gu only, where
+    eager autograd also keeps silu(gate), one more [A, N, I] per layer until backward; the gradient
+    comes back as one [A, N, 2 I] tensor (no concatenation of two halves)."""
+
+    @staticmethod
+    def forward(ctx, gu: torch.Tensor, lib: DecodeKernels) -> torch.Tensor:
+        A, N, I2 = gu.shape
+        out = gu.new_empty(A, N, I2 // 2)                                 # [A, N, I]
+        p = gu.data_ptr()
+        lib._silu_mul(p, p + I2 // 2 * gu.element_size(), N, gu.stride(0), gu.stride(1), A * N, I2 // 2,
+                      out.data_ptr())
+        ctx.save_for_backward(gu)
+        ctx.lib = lib
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):
+        (gu,) = ctx.saved_tensors
+        A, N, I2 = gu.shape
+        d_gu = gu.new_empty(A, N, I2)                                     # [A, N, 2 I]
+        p, dp, half = gu.data_ptr(), d_gu.data_ptr(), I2 // 2 * gu.element_size()
+        ctx.lib._silu_mul_bwd(p, p + half, N, gu.stride(0), gu.stride(1), d_out.contiguous().data_ptr(), A * N,
+                              I2 // 2, dp, dp + half, I2)
+        return d_gu, None
+
+
+def silu_mul_halves(gu: torch.Tensor, act_fn: torch.nn.Module, lib: DecodeKernels | None) -> torch.Tensor:
+    """act_fn(gate) * up for gu = [gate | up] [A, N, 2 I]: `GatedSiluMul` where it applies (SiLU, float32 on
+    the CPU, the kernels built), else the eager ops."""
+    if lib is not None and _is_silu(act_fn) and gu.dim() == 3 and gu.stride(-1) == 1 and gu.device.type == "cpu" \
+            and gu.dtype == torch.float32:
+        return GatedSiluMul.apply(gu, lib)
+    gate, up = gu.chunk(2, -1)
+    return act_fn(gate) * up
 
 
 class RMSNormFn(torch.autograd.Function):
@@ -97,13 +137,16 @@ def _norm_forward(norm: torch.nn.Module, lib: DecodeKernels, x: torch.Tensor) ->
     return type(norm).forward(norm, x)
 
 
+def _is_silu(act) -> bool:
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
 def _swappable(m: torch.nn.Module) -> bool:
     name = type(m).__name__
     if "forward" in vars(m):                                              # replaced on the instance by another library
         return False
     if name in MLP_CLASSES:
-        act = getattr(m, "act_fn", None)
-        return (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation") and all(
+        return _is_silu(getattr(m, "act_fn", None)) and all(
             isinstance(getattr(m, p, None), torch.nn.Module) for p in ("gate_proj", "up_proj", "down_proj"))
     return name in RMSNORM_CLASSES and isinstance(getattr(m, "weight", None), torch.Tensor) and \
         hasattr(m, "variance_epsilon")

@@ -1,7 +1,8 @@
-"""The sampler's fused decode kernels (`csrc/decode_kernels.c`), compiled on first use.
+"""grpokit's C kernels (`csrc/`), compiled on first use: the sampler's fused decode steps, and the
+training passes' attention, SiLU x up and RMSNorm (`attention.py`, `fused_ops.py`).
 
 A decode step of a small model is bound by per-operation overhead: about 30 PyTorch calls per layer
-at ~5-10 us each, several times the step's matmuls (docs/performance.md). The C file replaces the
+at ~5-10 us each, several times the step's matmuls (docs/performance.md). decode_kernels.c replaces the
 calls between the matmuls with fused kernels (residual + RMSNorm; q/k norm + rotary + cache write +
 attention; SiLU(gate) * up), so a layer is 4 matmuls and 4 kernel calls; a fifth draws the tokens.
 Where no weight is packed for oneDNN (models below ~512 x 512 matrices), `WholeStep` runs the whole
@@ -11,7 +12,7 @@ against F.linear when the library loads), which removes the per-layer Python wor
 The library is built once per machine with the system C compiler into the user cache
 ($GRPOKIT_CACHE, else $XDG_CACHE_HOME/grpokit, else ~/.cache/grpokit), keyed by the source, the
 compiler and the CPU, then loaded with ctypes. No compiler, a failed build or GRPOKIT_NATIVE=0: the
-sampler runs its PyTorch ops instead (one log line); the two paths agree to fp32 rounding.
+sampler and the training passes run PyTorch ops instead (one log line); the paths agree to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ _SIGNATURES = {
     "gk_add_rms": [_P, _P, _P, _F, _I, _I, _P],
     "gk_rope_attend": [_P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _I, _P, _I, _I, _I, _I, _I, _F, _P],
     "gk_sample": [_P, _I, _I, _F, _P, ctypes.c_int, _P, _P],
-    "gk_silu_mul": [_P, _P, _I, _I, _I, _P],
-    "gk_silu_mul_bwd": [_P, _P, _P, _I, _P, _P],
+    "gk_silu_mul": [_P, _P, _I, _I, _I, _I, _I, _P],
+    "gk_silu_mul_bwd": [_P, _P, _I, _I, _I, _P, _I, _I, _P, _P, _I],
     "gk_rms_fwd": [_P, _P, _F, _I, _I, _P, _P],
     "gk_rms_bwd": [_P, _P, _P, _P, _I, _I, _I, _P, _P],
     "gk_set_sgemm": [_P],
@@ -154,7 +155,7 @@ class DecodeKernels:
         """gu [n, 2 I] = [gate | up] -> silu(gate) * up [n, I]."""
         n, I2 = gu.shape
         out = gu.new_empty(n, I2 // 2)
-        self._silu_mul(gu.data_ptr(), gu.data_ptr() + I2 // 2 * 4, I2, n, I2 // 2, out.data_ptr())
+        self._silu_mul(gu.data_ptr(), gu.data_ptr() + I2 // 2 * 4, n, 0, I2, n, I2 // 2, out.data_ptr())
         return out
 
     def sample(self, logits: torch.Tensor, temperature: float, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,8 +25,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .fused_ops import silu_mul_halves
 from .logprobs import checkpointing_enabled, head_logprobs, launch_tokens, length_buckets, micro_batches, \
     position_ids_from_mask
+from .native import kernels_for
 
 class ActivationRecord:
     """Projection outputs of one sampling call, per layer: prompts [B, P, D] and completions [T-1, N, D]
@@ -184,8 +186,9 @@ def _rotary(dec, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torc
     return cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], -1)[:, None]
 
 
-def _layer(layer, cfg, h, rec: dict[str, torch.Tensor], cos, sin, mask, past: tuple | None):
-    """One decoder layer with autograd, projections from the record. Returns (h, (k, v))."""
+def _layer(layer, cfg, h, rec: dict[str, torch.Tensor], cos, sin, mask, past: tuple | None, lib):
+    """One decoder layer with autograd, projections from the record. Returns (h, (k, v)).
+    lib: grpokit's C kernels (SiLU x up on the recorded [gate | up]) or None."""
     from .sampler import _rms
 
     a, m = layer.self_attn, layer.mlp
@@ -204,9 +207,8 @@ def _layer(layer, cfg, h, rec: dict[str, torch.Tensor], cos, sin, mask, past: tu
         k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
     att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scaling, enable_gqa=nkv != nh)
     h = h + _project(att.transpose(1, 2).reshape(n, L, nh * hd), rec["o"], a.o_proj)
-    gate, up = _project(_rms(h, layer.post_attention_layernorm.weight, eps), rec["gu"], m.gate_proj,
-                        m.up_proj).chunk(2, -1)
-    return h + _project(m.act_fn(gate) * up, rec["down"], m.down_proj), kv
+    gu = _project(_rms(h, layer.post_attention_layernorm.weight, eps), rec["gu"], m.gate_proj, m.up_proj)
+    return h + _project(silu_mul_halves(gu, m.act_fn, lib), rec["down"], m.down_proj), kv
 
 
 def _rows_view(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -228,6 +230,7 @@ def reused_logprobs(model, record: ActivationRecord, rows: torch.Tensor, input_i
     layer has run (backward does not need them), so they do not add to the peak memory of backward.
     """
     T, dec, cfg = completion_length, model.get_decoder(), model.config
+    lib = kernels_for(model)
     Pp = input_ids.shape[1] - T
     P0 = record.prompt_ids.shape[1] - Pp                                  # columns trimmed on the left
     uniq, inv = torch.unique(rows // record.group_size, return_inverse=True)  # prompts of these rows
@@ -248,11 +251,11 @@ def reused_logprobs(model, record: ActivationRecord, rows: torch.Tensor, input_i
     for i, layer in enumerate(dec.layers):
         rec_p = {k: v.index_select(0, uniq)[:, P0:] if v.shape[0] != U or P0 else v
                  for k, v in record.prompt[i].items()}
-        hp, (k, v) = _layer(layer, cfg, hp, rec_p, cos_p, sin_p, keep[:, None], None)
+        hp, (k, v) = _layer(layer, cfg, hp, rec_p, cos_p, sin_p, keep[:, None], None, lib)
         if L:
             rec_c = {k2: _rows_view(v2[:L], rows).transpose(0, 1) for k2, v2 in record.comp[i].items()}  # [n, L, D]
             past = (k.index_select(0, inv), v.index_select(0, inv))
-            hc, _ = _layer(layer, cfg, hc, rec_c, cos_c, sin_c, c_mask, past)
+            hc, _ = _layer(layer, cfg, hc, rec_c, cos_c, sin_c, c_mask, past, lib)
         if consume:
             for part in (record.prompt[i], record.comp[i]):
                 for name in ("qkv", "o", "down"):

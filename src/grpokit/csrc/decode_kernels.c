@@ -137,12 +137,19 @@ void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, co
     }
 }
 
-/* out [n, I] = silu(g) * u = g / (1 + e^-g) * u; row r of g and u starts at r * stride (stride 2 I with
- * g and u the two halves of a fused [gate | up] projection, I for separate tensors). */
-void gk_silu_mul(const float *gate, const float *up, int64_t stride, int64_t n, int64_t I, float *out) {
+/* Row r (< n) of the gate and up inputs of gk_silu_mul(_bwd) starts at (r / inner) so + (r % inner) si floats:
+ * n rows si apart (inner = n), or an [n / inner, inner] grid of rows, e.g. a transposed [L, N, 2 I] record
+ * read as [N, L, 2 I]. gate and up are two tensors, or the halves of one fused [gate | up] projection. */
+static inline int64_t gate_row(int64_t r, int64_t inner, int64_t so, int64_t si) {
+    return (r / inner) * so + (r % inner) * si;
+}
+
+/* out [n, I] (contiguous) = silu(g) * u = g / (1 + e^-g) * u */
+void gk_silu_mul(const float *gate, const float *up, int64_t inner, int64_t so, int64_t si, int64_t n, int64_t I,
+                 float *out) {
 #pragma omp parallel for if (n * I >= 65536)
     for (int64_t r = 0; r < n; r++) {
-        const float *g = gate + r * stride, *u = up + r * stride;
+        const float *g = gate + gate_row(r, inner, so, si), *u = up + gate_row(r, inner, so, si);
         float *o = out + r * I;
         int64_t j = 0;
 #ifdef GK_AVX2
@@ -156,29 +163,31 @@ void gk_silu_mul(const float *gate, const float *up, int64_t stride, int64_t n, 
     }
 }
 
-/* Backward of out = silu(g) * u for contiguous g, u, d_out [n]: with sigma = 1 / (1 + e^-g),
+/* Backward of gk_silu_mul from d_out [n, I] (contiguous): with sigma = 1 / (1 + e^-g),
  *   du = d_out * g sigma,   dg = d_out * u * sigma (1 + g (1 - sigma))
- * in one pass (eager PyTorch reads and writes these tensors in three). */
-void gk_silu_mul_bwd(const float *g, const float *u, const float *d_out, int64_t n, float *dg, float *du) {
-    const int64_t block = 4096;
-#pragma omp parallel for if (n >= 65536)
-    for (int64_t b = 0; b < n; b += block) {
-        int64_t j = b, end = b + block < n ? b + block : n;
+ * in one pass (eager PyTorch reads and writes these tensors in three); row r of dg and du at r * d_stride. */
+void gk_silu_mul_bwd(const float *gate, const float *up, int64_t inner, int64_t so, int64_t si, const float *d_out,
+                     int64_t n, int64_t I, float *d_gate, float *d_up, int64_t d_stride) {
+#pragma omp parallel for if (n * I >= 65536)
+    for (int64_t r = 0; r < n; r++) {
+        const float *g = gate + gate_row(r, inner, so, si), *u = up + gate_row(r, inner, so, si), *d = d_out + r * I;
+        float *dg = d_gate + r * d_stride, *du = d_up + r * d_stride;
+        int64_t j = 0;
 #ifdef GK_AVX2
         __m256 one = _mm256_set1_ps(1.0f);
-        for (; j + 8 <= end; j += 8) {
-            __m256 gj = _mm256_loadu_ps(g + j), d = _mm256_loadu_ps(d_out + j);
+        for (; j + 8 <= I; j += 8) {
+            __m256 gj = _mm256_loadu_ps(g + j), dj = _mm256_loadu_ps(d + j);
             __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, gk_exp8(_mm256_sub_ps(_mm256_setzero_ps(), gj))));
             __m256 silu = _mm256_mul_ps(gj, sig);
-            _mm256_storeu_ps(du + j, _mm256_mul_ps(d, silu));
+            _mm256_storeu_ps(du + j, _mm256_mul_ps(dj, silu));
             __m256 slope = _mm256_mul_ps(sig, _mm256_add_ps(one, _mm256_sub_ps(gj, silu)));  /* sigma (1 + g - g sigma) */
-            _mm256_storeu_ps(dg + j, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(u + j)), slope));
+            _mm256_storeu_ps(dg + j, _mm256_mul_ps(_mm256_mul_ps(dj, _mm256_loadu_ps(u + j)), slope));
         }
 #endif
-        for (; j < end; j++) {
+        for (; j < I; j++) {
             float sig = 1.0f / (1.0f + gk_exp(-g[j]));
-            du[j] = d_out[j] * g[j] * sig;
-            dg[j] = d_out[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
+            du[j] = d[j] * g[j] * sig;
+            dg[j] = d[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
         }
     }
 }

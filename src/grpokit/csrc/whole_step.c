@@ -21,7 +21,8 @@ void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, co
                     const float *q_norm, const float *k_norm, float eps,
                     float *kc, float *vc, int64_t S, int64_t slot, const uint8_t *mask, int64_t mask_stride,
                     int64_t n, int64_t nh, int64_t nkv, int64_t hd, float scale, float *out);
-void gk_silu_mul(const float *gate, const float *up, int64_t stride, int64_t n, int64_t I, float *out);
+void gk_silu_mul(const float *gate, const float *up, int64_t inner, int64_t so, int64_t si, int64_t n, int64_t I,
+                 float *out);
 
 /* ---- the whole decode step in one call (models whose weights are not packed for oneDNN) --------
  * Python's per-layer loop costs ~20 calls per layer of dispatch and argument conversion, a quarter
@@ -152,7 +153,7 @@ static void decode_rows(int64_t r0, int64_t r1, int64_t layers, const float *con
         linear(att, m, nh * hd, p[GK_O_W], p[GK_O_B], H, y);
         gk_add_rms(h, y, p[GK_LN2], eps, m, H, x);
         linear(x, m, H, p[GK_GU_W], p[GK_GU_B], 2 * I, gu);
-        gk_silu_mul(gu, gu + I, 2 * I, m, I, act);
+        gk_silu_mul(gu, gu + I, m, 0, 2 * I, m, I, act);
         linear(act, m, I, p[GK_DOWN_W], p[GK_DOWN_B], H, y);
         gk_add_rms(h, y, l + 1 < layers ? w[(l + 1) * GK_PER_LAYER + GK_LN1] : final_norm, eps, m, H, x);
     }
