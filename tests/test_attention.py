@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from grpokit import attention, logprobs, native
-from grpokit.bench import bench_prompts, build_model
-from grpokit.logprobs import per_token_logprobs
+from grpokit.bench import build_model
 from grpokit.rollout import sample_groups
+from pass_checks import assert_same_pass, logprobs_and_grads
 
 K = native.kernels()
 needs_kernels = pytest.mark.skipif(K is None, reason="no C compiler could build grpokit's kernels")
@@ -59,13 +59,6 @@ def _check_against_sdpa(lib, H, Hkv, hd, mask):
         assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4)
 
 
-def _logprobs_and_grads(model, ids, att, T):
-    model.zero_grad()
-    lp = per_token_logprobs(model, ids, att, T)
-    (lp * torch.randn(lp.shape, generator=torch.Generator().manual_seed(0))).sum().backward()
-    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
 @needs_kernels
 def test_logprobs_and_gradients_equal_the_sdpa_pass(monkeypatch):
     """per_token_logprobs on the bench model (left-padded prompts of different lengths, shared-prompt pass):
@@ -77,13 +70,11 @@ def test_logprobs_and_gradients_equal_the_sdpa_pass(monkeypatch):
     calls = []
     apply = attention.KernelAttention.apply
     monkeypatch.setattr(attention.KernelAttention, "apply", lambda *a: calls.append(1) or apply(*a))
-    lp, grads = _logprobs_and_grads(model, ids, att, 12)
+    got = logprobs_and_grads(model, ids, att, 12)
     assert len(calls) == model.config.num_hidden_layers                   # the completion pass of every layer
     monkeypatch.setattr(logprobs, "kernel_attention", lambda m: contextlib.nullcontext())
-    lp0, grads0 = _logprobs_and_grads(model, ids, att, 12)
-    assert torch.allclose(lp, lp0, atol=1e-5)
-    for n, g in grads0.items():
-        assert torch.allclose(grads[n], g, atol=1e-5 * max(1.0, float(g.abs().max()))), n
+    want = logprobs_and_grads(model, ids, att, 12)
+    assert_same_pass(got, want)
 
 
 @needs_kernels

@@ -11,8 +11,17 @@ import torch.nn.functional as F
 from grpokit import fused_ops, logprobs, native
 from grpokit.bench import bench_prompts, build_model
 from grpokit.rollout import sample_groups
+from pass_checks import assert_same_pass, logprobs_and_grads
 
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no C compiler could build grpokit's kernels")
+
+
+def _assert_same_values_and_grads(out, ref, inputs, rtol, atol):
+    """out equals ref (rtol 1e-5, atol 1e-6); their input gradients for one random output gradient to (rtol, atol)."""
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
+    d = torch.randn(out.shape)
+    for a, b in zip(torch.autograd.grad(out, inputs, d), torch.autograd.grad(ref, inputs, d)):
+        assert torch.allclose(a, b, rtol=rtol, atol=atol)
 
 
 @needs_kernels
@@ -21,13 +30,7 @@ def test_silu_mul_and_gradients_equal_eager(lib, shape):
     torch.manual_seed(len(shape))
     gate = (3 * torch.randn(shape)).requires_grad_()                      # large |g|: both tails of the sigmoid
     up = torch.randn(shape, requires_grad=True)
-    out = fused_ops.SiluMul.apply(gate, up, lib)
-    ref = F.silu(gate) * up
-    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
-    d = torch.randn(shape)
-    got, want = torch.autograd.grad(out, (gate, up), d), torch.autograd.grad(ref, (gate, up), d)
-    for a, b in zip(got, want):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    _assert_same_values_and_grads(fused_ops.SiluMul.apply(gate, up, lib), F.silu(gate) * up, (gate, up), 1e-5, 1e-6)
 
 
 @needs_kernels
@@ -42,11 +45,7 @@ def test_gated_silu_mul_on_a_fused_projection(lib, transposed):
         out = fused_ops.silu_mul_halves(gu, torch.nn.SiLU(), lib)
     assert sizes == [A * N * 2 * I]                                      # gu only: no silu(gate) kept
     gate, up = gu.chunk(2, -1)
-    ref = F.silu(gate) * up
-    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
-    d = torch.randn(A, N, I)
-    got, want = torch.autograd.grad(out, base, d), torch.autograd.grad(ref, base, d)
-    assert torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    _assert_same_values_and_grads(out, F.silu(gate) * up, (base,), 1e-5, 1e-6)
     gelu = fused_ops.silu_mul_halves(gu, torch.nn.GELU(), lib)             # not SiLU: the eager product
     assert torch.allclose(gelu, F.gelu(gate) * up)
 
@@ -58,20 +57,8 @@ def test_rmsnorm_and_gradients_equal_eager(lib, shape):
     x = (2 * torch.randn(shape)).requires_grad_()
     w = (1 + 0.3 * torch.randn(shape[-1])).requires_grad_()
     eps = 1e-6
-    out = fused_ops.RMSNormFn.apply(x, w, eps, lib)
     ref = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))   # transformers' Llama/Qwen2 RMSNorm
-    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
-    d = torch.randn(shape)
-    got, want = torch.autograd.grad(out, (x, w), d), torch.autograd.grad(ref, (x, w), d)
-    for a, b in zip(got, want):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
-
-
-def _logprobs_and_grads(model, ids, att, T):
-    model.zero_grad()
-    lp = logprobs.per_token_logprobs(model, ids, att, T)
-    (lp * torch.randn(lp.shape, generator=torch.Generator().manual_seed(0))).sum().backward()
-    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    _assert_same_values_and_grads(fused_ops.RMSNormFn.apply(x, w, eps, lib), ref, (x, w), 1e-4, 1e-5)
 
 
 @needs_kernels
@@ -84,17 +71,15 @@ def test_logprobs_and_gradients_equal_the_eager_layers(monkeypatch):
     mlp_apply, norm_apply = fused_ops.SiluMul.apply, fused_ops.RMSNormFn.apply
     monkeypatch.setattr(fused_ops.SiluMul, "apply", lambda *a: calls.update(mlp=calls["mlp"] + 1) or mlp_apply(*a))
     monkeypatch.setattr(fused_ops.RMSNormFn, "apply", lambda *a: calls.update(norm=calls["norm"] + 1) or norm_apply(*a))
-    lp, grads = _logprobs_and_grads(model, ids, att, 12)
+    got = logprobs_and_grads(model, ids, att, 12)
     layers = model.config.num_hidden_layers
-    want = {"mlp": 2 * layers, "norm": 2 * (2 * layers + 1)}               # the prompt pass and the completion pass
-    assert calls == want
+    expected = {"mlp": 2 * layers, "norm": 2 * (2 * layers + 1)}           # the prompt pass and the completion pass
+    assert calls == expected
     assert not any("forward" in vars(m) for m in model.modules())         # every forward restored
     monkeypatch.setattr(logprobs, "fused_ops", lambda m: contextlib.nullcontext())
-    lp0, grads0 = _logprobs_and_grads(model, ids, att, 12)
-    assert calls == want                                                  # not called on the eager pass
-    assert torch.allclose(lp, lp0, atol=1e-5)
-    for n, g in grads0.items():
-        assert torch.allclose(grads[n], g, atol=1e-5 * max(1.0, float(g.abs().max()))), n
+    want = logprobs_and_grads(model, ids, att, 12)
+    assert calls == expected                                              # not called on the eager pass
+    assert_same_pass(got, want)
 
 
 @needs_kernels
