@@ -87,6 +87,9 @@ def test_head_logprobs_gradients_entropy_and_what_it_saves(keep_probs):
     want = torch.autograd.grad(want_lp, (h, W, b), g)
     for a, w in zip(got, want):
         assert torch.allclose(a, w, atol=1e-5)
+    frozen = HeadLogprobs.apply(h, W.detach(), None, t, 1.0, keep_probs, False)   # a frozen head: only dh
+    assert torch.allclose(torch.autograd.grad(frozen, h, g)[0],
+                          torch.autograd.grad(_chunk_logprobs(h, t, W.detach(), None, 1.0), h, g)[0], atol=1e-5)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(big_vocab_model):

@@ -354,3 +354,9 @@ def test_keep_freed_memory_stops_refaulting_each_pass():
     plain_kept, plain_faults = run(GRPOKIT_KEEP_MEMORY="0")
     assert kept and not plain_kept
     assert faults < 1000 and plain_faults > 10 * faults + 5000
+
+
+def test_keep_freed_memory_rejects_other_values(monkeypatch):
+    monkeypatch.setenv("GRPOKIT_KEEP_MEMORY", "false")
+    with pytest.raises(ValueError, match="set it to 0 .* or 1"):
+        native.keep_freed_memory()

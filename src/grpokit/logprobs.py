@@ -36,6 +36,12 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _tempered_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
+    """(h W^T + b) / tau in float32, [R, V] (divided in place: the matmul's output is not kept by autograd)."""
+    z = torch.nn.functional.linear(h, weight, bias).float()               # [R, V]
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
 def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor,
                     bias: torch.Tensor | None, temperature: float,
                     with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -44,9 +50,7 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.T
     The entropy reuses the same logits and logsumexp (H = lse - sum_v p_v z_v), so asking for it costs
     elementwise work, not a second lm-head matmul; it carries no gradient.
     """
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()    # [R, V]
-    if temperature != 1.0:
-        logits = logits / temperature
+    logits = _tempered_logits(hidden, weight, bias, temperature)          # [R, V]
     lse = torch.logsumexp(logits, dim=-1)                                 # [R]
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
@@ -150,13 +154,9 @@ class HeadLogprobs(torch.autograd.Function):
         if ctx.temperature != 1.0:
             dz.div_(ctx.temperature)
         dz = dz.to(h.dtype)
-        d_bias = dz.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
-        return dz @ weight, dz.t() @ h, d_bias, None, None, None, None
-
-
-def _tempered_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
-    z = torch.nn.functional.linear(h, weight, bias).float()               # [R, V]
-    return z.div_(temperature) if temperature != 1.0 else z
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]                 # a frozen head (LoRA): no dW matmul
+        return (dz @ weight if need_h else None, dz.t() @ h if need_w else None,
+                dz.sum(0) if bias is not None and need_b else None, None, None, None, None)
 
 
 def _plain_tensors(*tensors) -> bool:

@@ -155,7 +155,8 @@ class DecodeKernels:
         """gu [n, 2 I] = [gate | up] -> silu(gate) * up [n, I]."""
         n, I2 = gu.shape
         out = gu.new_empty(n, I2 // 2)
-        self._silu_mul(gu.data_ptr(), gu.data_ptr() + I2 // 2 * 4, n, 0, I2, n, I2 // 2, out.data_ptr())
+        self._silu_mul(gu.data_ptr(), gu.data_ptr() + I2 // 2 * gu.element_size(), n, 0, I2, n, I2 // 2,
+                       out.data_ptr())
         return out
 
     def sample(self, logits: torch.Tensor, temperature: float, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,15 +338,19 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 <<
     above a (moving) threshold with mmap and trims the heap's free top, so the next pass faults those
     pages back in, each one zeroed by the kernel: ~1 us per 4 KiB page on the 2-core test machine, about
     37,000 faults (~40 ms) per tiny/256 bench step. With blocks up to `mmap_threshold` taken from the heap
-    and up to `trim_threshold` of free heap kept, ~7,000 remain (docs/performance.md). Peak RSS is that of
-    the largest pass either way; between passes the process keeps it. A no-op off glibc and with
-    GRPOKIT_KEEP_MEMORY=0; process-wide, set once.
+    and up to `trim_threshold` of free heap kept, 0-7,000 remained in two measurements (docs/performance.md).
+    Peak RSS is that of the largest pass either way; between passes the process keeps it. A no-op off
+    glibc and with GRPOKIT_KEEP_MEMORY=0; process-wide, set once.
     """
     global _kept_memory
-    if _kept_memory or os.environ.get("GRPOKIT_KEEP_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
+    flag = os.environ.get("GRPOKIT_KEEP_MEMORY", "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"GRPOKIT_KEEP_MEMORY={flag!r}: set it to 0 (malloc's defaults) or 1 (keep freed memory)")
+    if _kept_memory or flag == "0" or platform.libc_ver()[0] != "glibc":
         return _kept_memory
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is not None:
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        _kept_memory = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) & bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+        _kept_memory = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+            mallopt(_M_TRIM_THRESHOLD, trim_threshold))
     return _kept_memory
