@@ -4,7 +4,8 @@ Run by `grpokit bench --compare-trl` in its own process (so its peak RSS is its 
 line in the same format as grpokit's side. TRL 1.16's defaults are overridden to match grpokit's run:
 
     loss_type "grpo" (TRL default "dapo")      beta 0.04 (TRL default 0.0)
-    bf16 False (TRL default True)              gradient_checkpointing off (TRL default on)
+    bf16 as --trl-precision says: default = TRL's own (bf16=True on the CPU), fp32 = bf16 False
+    gradient_checkpointing off (TRL default on)
     per_device_train_batch_size = B * G        (TRL counts completions; one optimizer step per
     generation_batch_size = B * G               generation batch, like grpokit's mu = 1 step)
     min_new_tokens = T with --fixed-length     (EOS blocked: both sides produce B * G * T tokens)
@@ -57,7 +58,7 @@ def run_trl(args) -> dict:
     out_dir = tempfile.mkdtemp(prefix="trl-bench-")
     cfg = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=B * G, generation_batch_size=B * G,
                      gradient_accumulation_steps=1, num_generations=G, max_completion_length=T,
-                     beta=args.beta, loss_type="grpo", bf16=False, fp16=False, gradient_checkpointing=args.gradient_checkpointing,
+                     beta=args.beta, loss_type="grpo", bf16=args.trl_precision == "default", fp16=False, gradient_checkpointing=args.gradient_checkpointing,
                      num_iterations=1, learning_rate=1e-6, temperature=1.0, top_p=1.0, top_k=0,
                      scale_rewards="group", mask_truncated_completions=False, max_steps=args.steps,
                      logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=args.seed,
@@ -71,7 +72,7 @@ def run_trl(args) -> dict:
     if trainer.ref_model is not None and model.lm_head.bias is not None:  # --spread-lengths: EOS bias
         trainer.ref_model.lm_head = copy.deepcopy(model.lm_head).requires_grad_(False)
     clock, steps, flops = _Clock(), [], []
-    peak = matmul_peak_gflops()
+    peak, peak_bf16 = matmul_peak_gflops(), matmul_peak_gflops(dtype=torch.bfloat16)
     clock.wrap(trainer, "_generate_single_turn", "generate")
     clock.wrap(trainer, "_calculate_rewards", "reward")
     clock.wrap(trainer, "_get_per_token_logps_and_entropies", "ref_forward", when=lambda: not torch.is_grad_enabled())
@@ -106,7 +107,8 @@ def run_trl(args) -> dict:
             clock.row = {}
     trainer.add_callback(StepClock())
     trainer.train()
-    return summarize(steps, args.warmup, flops, peak, "trl")
+    return summarize(steps, args.warmup, flops, peak, "trl", peak_bf16,
+                     "bf16" if args.trl_precision == "default" else "fp32")
 
 
 if __name__ == "__main__":

@@ -187,3 +187,15 @@ def test_concurrent_threads_get_right_answers():
     for t in threads:
         t.join(timeout=60)
     assert results == {i: ok for i, (_, _, ok) in enumerate(pairs)}
+
+
+def test_an_empty_last_box_does_not_erase_an_earlier_answer():
+    from grpokit.rewards import format_reward
+
+    text = r"\boxed{12} \boxed{}"
+    assert extract_boxed(text) == "12" and extract_boxed(r"\boxed{12} \boxed{ } \boxed{}") == "12"
+    assert rule_reward(text, "12") == 1.5                     # right answer, and a box for the format half
+    assert format_reward([""], [text]) == [1.0]
+    assert extract_boxed(r"\boxed{} \boxed{}") == ""          # only empty boxes: still no answer
+    assert rule_reward(r"\boxed{}", "12") == 0.0
+    assert extract_boxed(r"\boxed{12} \boxed{1") is None      # a cut last box is not passed over

@@ -122,7 +122,7 @@ CASES = [
      "the training split has 1 examples, fewer than one batch (rollout.prompts_per_step=2)"),
     ("empty-eval-split", args("task.num_eval=0", "run.eval_limit=5"), "has no examples"),
     ("prompt-too-long", args("rollout.max_prompt_length=3", "rollout.truncate_prompt=error"),
-     "> rollout.max_prompt_length=3: raise the limit or set rollout.truncate_prompt=left"),
+     "40 of 40 training prompts have more than rollout.max_prompt_length=3 tokens (longest 14): raise the limit"),
     # --- reward ---
     ("unknown-reward", args("reward.funcs={acc: 1.0}"), "unknown reward 'acc'"),
     ("reward-import-fails", args("reward.funcs={no_such_module_xyz:fn: 1.0}"), "cannot import"),

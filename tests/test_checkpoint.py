@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpokit import checkpoint
+from grpokit import checkpoint, run_dir
 from grpokit.checkpoint import CheckpointError, rng_state, set_rng_state, verify_checkpoint
 from grpokit.config import build_config
 from grpokit.metrics import read_metrics
@@ -193,7 +193,7 @@ def test_resume_true_needs_a_checkpoint_and_auto_starts_fresh(tmp_path):
 @pytest.fixture()
 def saved_state(tmp_path):
     cfg = tiny(tmp_path / "run")
-    checkpoint.prepare_output_dir(cfg)
+    run_dir.prepare_output_dir(cfg)
     state = build_state(cfg)
     first = checkpoint.save_checkpoint(state, cfg.run.output_dir)
     state.step = 2
@@ -260,7 +260,7 @@ def test_a_kill_while_pruning_old_checkpoints_leaves_every_checkpoint_whole(save
     assert [p.name for p in checkpoint.list_checkpoints(out)] == ["checkpoint-4", "checkpoint-6"]
     assert all(verify_checkpoint(p) is None for p in checkpoint.list_checkpoints(out))
     assert (out / ".old-checkpoint-2").is_dir()  # the half-deleted one is hidden, not a checkpoint
-    checkpoint.prepare_output_dir(tiny(out, **{"run.resume": True}))
+    run_dir.prepare_output_dir(tiny(out, **{"run.resume": True}))
     assert not list(out.glob(".old-*"))  # and the next start removes it
 
 

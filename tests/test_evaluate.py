@@ -90,8 +90,8 @@ def test_sampled_pass_at_k_properties(tmp_path, tiny_model, char_tokenizer, monk
     real = ev._score
     pattern = {1: [1.0], 4: [1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0]}  # sampled: problem 0 has 1/4 right, 1 has 2/4
 
-    def fake(cfg, tok, rollout, examples, group_size):
-        out = real(cfg, tok, rollout, examples, group_size)
+    def fake(cfg, tok, rollout, examples, group_size, *rest):
+        out = real(cfg, tok, rollout, examples, group_size, *rest)
         if group_size == 4:
             out["correct"] = torch.tensor(pattern[4], dtype=torch.float32)
         return out

@@ -330,17 +330,20 @@ kept = native.keep_freed_memory()
 faults = []
 for _ in range(4):                       # one pass's worth of large activations, allocated then all freed
     r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    blocks = [torch.ones(2 << 20) for _ in range(10)]   # 10 x 8 MiB, written
+    blocks = [torch.ones(k << 18) for k in range(1, 11)]   # 1..10 MiB, written: 55 MiB
     del blocks
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
-print(kept, faults[-1])
+print(kept, *faults)
 """
 
 
 @pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="a glibc malloc setting")
 def test_keep_freed_memory_stops_refaulting_each_pass():
-    """Without it glibc hands the freed 80 MiB back and the next pass faults every page in again (~20,000
-    faults); with it the pages are reused. GRPOKIT_KEEP_MEMORY=0 leaves malloc alone."""
+    """Without it, glibc maps pass 1's blocks, raises its (moving) mmap threshold when they are freed,
+    serves pass 2 from a fresh heap and trims it again: ~14,000 faults in pass 2, every time. Later
+    passes vary with glibc's heuristics (0-12,500 seen), so only pass 2 is compared for the plain side.
+    With it the pages are reused: 0-2,560 faults in passes 2-4 together (10 runs). GRPOKIT_KEEP_MEMORY=0
+    leaves malloc alone."""
     import os
     import subprocess
     import sys
@@ -348,12 +351,12 @@ def test_keep_freed_memory_stops_refaulting_each_pass():
     def run(**env):
         out = subprocess.run([sys.executable, "-c", _REGROW], capture_output=True, text=True, check=True,
                              env={**os.environ, **env}).stdout.split()
-        return out[0] == "True", int(out[1])
+        return out[0] == "True", [int(x) for x in out[1:]]
 
     kept, faults = run()
     plain_kept, plain_faults = run(GRPOKIT_KEEP_MEMORY="0")
     assert kept and not plain_kept
-    assert faults < 1000 and plain_faults > 10 * faults + 5000
+    assert sum(faults[1:]) < 5000 and plain_faults[1] > 10000, (faults, plain_faults)
 
 
 def test_keep_freed_memory_rejects_other_values(monkeypatch):

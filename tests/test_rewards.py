@@ -137,11 +137,11 @@ def test_per_sample_retry_slices_columns():
 
 
 @pytest.mark.parametrize("bad,pattern", [
-    (lambda p, c, **k: [float("nan")] * len(c), "'bad' returned nan for completion 0"),
-    (lambda p, c, **k: [1.0, float("inf")], "'bad' returned inf for completion 1"),
-    (lambda p, c, **k: [1.0], "'bad' returned 1 scores for 2 completions"),
-    (lambda p, c, **k: 1.0, "'bad' returned float"),
-    (lambda p, c, **k: ["1.0", "2.0"], "'bad' returned str for completion 0"),
+    (lambda prompts, completions, **k: [float("nan")] * len(completions), "'bad' returned nan for completion 0"),
+    (lambda prompts, completions, **k: [1.0, float("inf")], "'bad' returned inf for completion 1"),
+    (lambda prompts, completions, **k: [1.0], "'bad' returned 1 scores for 2 completions"),
+    (lambda prompts, completions, **k: 1.0, "'bad' returned float"),
+    (lambda prompts, completions, **k: ["1.0", "2.0"], "'bad' returned str for completion 0"),
 ])
 def test_bad_outputs_name_the_function(bad, pattern):
     prompts, completions, cols = _batch(["a", "b"], ["1", "1"])

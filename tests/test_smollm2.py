@@ -24,6 +24,7 @@ def test_smollm2_alias_group_logprobs_step_and_plain_export(tmp_path):
     from grpokit.trainer import build_state, save_final, train_step
 
     cfg = build_config({"model.name_or_path": "smollm2-135m-instruct", "model.device": "cpu",
+                        "model.precision": "fp32",  # sampler and loss log-probs to 2e-3 (bf16: test_precision.py)
                         "rollout.num_generations": 2, "rollout.prompts_per_step": 1,
                         "rollout.max_completion_length": 8, "optim.learning_rate": 1e-5,
                         "reward.funcs": {f"{Path(__file__).parent / 'easy_rewards.py'}:share_of_a": 1.0},

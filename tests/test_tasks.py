@@ -244,7 +244,7 @@ def test_bad_rows_name_file_and_line(tmp_path, task, lines, line, message):
 
 def test_empty_split_and_missing_paths(tmp_path):
     _write(tmp_path / "train.jsonl", ["", "  "])
-    with pytest.raises(TaskError, match="split 'train' has no examples"):
+    with pytest.raises(TaskError, match="train.jsonl' has no examples .*only blank lines"):  # names the file
         load_examples(TaskConfig(name="jsonl", path=str(tmp_path)), "train")
     with pytest.raises(TaskError, match="no 'test' split .*found: train"):
         load_examples(TaskConfig(name="jsonl", path=str(tmp_path)), "test")

@@ -15,8 +15,15 @@ import torch
 from grpokit.config import build_config
 from grpokit.logprobs import per_token_logprobs
 from grpokit.loss import grpo_objective_from_logprobs, truncated_is_weights
-from grpokit.vllm_backend import (Sample, SamplingSpec, ServerEngine, VLLMRollouts, rollout_from_samples,
-                                  vllm_sample)
+from grpokit.vllm_backend import (
+    Sample,
+    SamplingSpec,
+    ServerEngine,
+    VLLMRollouts,
+    rollout_from_samples,
+    vllm_sample,
+)
+from grpokit.vllm_engine import policy_weights
 from grpokit.vllm_serve import make_server
 
 EASY = str(Path(__file__).with_name("easy_rewards.py")) + ":share_of_a"
@@ -58,7 +65,7 @@ class StandInEngine:
     def load_weights(self, weights):
         self.calls.append("load_weights")
         self.loaded = {k: v.clone() for k, v in weights}
-        self.model.load_state_dict(self.loaded)
+        self.model.load_state_dict(self.loaded)                   # every weight, a tied head included
 
     def sleep(self):
         self.calls.append("sleep")
@@ -151,9 +158,13 @@ def test_train_step_corrects_the_mismatch_with_known_weights(tmp_path, char_toke
         assert m["tis/mean_weight"] == pytest.approx(w, rel=1e-4), level
         assert m["tis/clipped_frac"] == pytest.approx(clipped, rel=1e-4), level
         assert math.isfinite(m["loss"]) and m["completion_tokens"] == sum(lengths)
+        # the measured mismatch |logp_old - logp_sampler| is the stand-in's shift: 0.5 / 1.0 by position
+        shifts = sum(DELTA[t % 2] for n in lengths for t in range(n))
+        assert m["mismatch/abs_logprob_diff_mean"] == pytest.approx(shifts / sum(lengths), rel=1e-4)
+        assert m["mismatch/abs_logprob_diff_max"] == pytest.approx(1.0, rel=1e-4)
         train_step(state)                                          # step 1: the updated weights are pushed
         assert engine.calls.count("load_weights") == 2
-        for k, v in state.model.state_dict().items():
+        for k, v in policy_weights(state.model):
             assert torch.equal(engine.loaded[k], v), k
 
 
@@ -168,7 +179,7 @@ def test_server_mode_over_http(tmp_path, char_tokenizer, tiny_model):
         state.rollout_engine = VLLMRollouts(client, colocate=False)
         r = vllm_sample(state, ["Say a:", "Go:"])
         assert r.completion_mask.sum(-1).tolist() == [2, 6, 4, 6] * 2
-        for k, v in state.model.state_dict().items():          # pushed as safetensors, received intact
+        for k, v in policy_weights(state.model):               # pushed as safetensors, received intact
             assert torch.equal(engine.loaded[k], v), k
         assert engine.calls == ["load_weights", "generate"]     # the server's GPU is never put to sleep
     finally:

@@ -63,25 +63,35 @@ def extract_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` in `text`.
 
     Nested braces are balanced (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``); the brace-less
-    form ``\\boxed 5`` gives ``5``. Only the last box counts, as in the DeepSeekMath rule.
+    form ``\\boxed 5`` gives ``5``. Only the last box counts, as in the DeepSeekMath rule, except
+    that empty boxes are passed over: ``\\boxed{12} \\boxed{}`` gives ``12`` (an empty box states no
+    answer, so it cannot take back one stated before it).
 
     Args:
         text: a model completion or a reference solution.
 
     Returns:
-        The boxed content ('' for an empty box), or None when there is no box or the last box
-        never closes (a truncated completion).
+        The content of the last non-empty box; '' when every box is empty; None when there is no
+        box or the last non-empty one never closes (a truncated completion).
     """
-    matches = list(_BOX.finditer(text))
-    if not matches:
-        return None
-    i = matches[-1].end()
+    found = None
+    for match in reversed(list(_BOX.finditer(text))):
+        content = _box_content(text, match.end())
+        if content is None or content.strip():
+            return content
+        found = content
+    return found
+
+
+def _box_content(text: str, i: int) -> str | None:
+    """What the box command ending at text[i] holds: a brace group, or a brace-less run (None: neither)."""
+    start = i
     while i < len(text) and text[i] in " \t":
         i += 1
     if i < len(text) and text[i] == "{":
         return _balanced(text, i)
     run = re.match(r"[^\s$]+", text[i:])
-    return run.group(0) if run and i > matches[-1].end() else None
+    return run.group(0) if run and i > start else None
 
 
 _HASHES = re.compile(r"####\s*([^\n]*)")

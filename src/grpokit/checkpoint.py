@@ -1,4 +1,4 @@
-"""Checkpoints: atomic save, verified resume, and the output-directory guard.
+"""Checkpoints: atomic save and verified resume (the output-directory guard is `grpokit.run_dir`).
 
 Layout of run.output_dir (see docs/reliability.md):
 
@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from .resume_logs import METRICS_FILE, _cut_logs
+from .run_dir import OutputDirError, list_checkpoints
 
 log = logging.getLogger("grpokit")
 
@@ -58,50 +59,8 @@ HARMLESS_KEYS = frozenset({
 })
 
 
-class OutputDirError(ValueError):
-    """The output directory cannot be used as asked: the message says what to change."""
-
-
 class CheckpointError(OutputDirError):
     """A checkpoint cannot be written or resumed from: the message says what to change."""
-
-
-def list_checkpoints(out_dir: str | Path) -> list[Path]:
-    """The checkpoint-<step> folders in out_dir, oldest first (unverified)."""
-    out = Path(out_dir)
-    if not out.is_dir():
-        return []
-    found = [p for p in out.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
-
-
-def prepare_output_dir(cfg) -> None:
-    """Create run.output_dir; refuse one holding another run unless run.resume or run.overwrite is set.
-
-    Leftovers of a save or delete that was killed (`.tmp-checkpoint-*`, `.old-checkpoint-*`,
-    `.tmp-final`, `.old-final`) are removed.
-    """
-    out = Path(cfg.run.output_dir)
-    if out.exists() and not out.is_dir():
-        raise OutputDirError(f"run.output_dir '{out}' is a file: give a folder path")
-    busy = out.is_dir() and (list_checkpoints(out) or (out / METRICS_FILE).exists())
-    if busy and not (cfg.run.resume or cfg.run.overwrite):
-        raise OutputDirError(f"run.output_dir '{out}' already holds a run: pass --resume to continue it, "
-                             "--overwrite to replace it, or choose another run.output_dir")
-    try:
-        if busy and cfg.run.overwrite and not cfg.run.resume:
-            for item in out.iterdir():
-                shutil.rmtree(item) if item.is_dir() else item.unlink()
-        out.mkdir(parents=True, exist_ok=True)
-        for stale in [p for pattern in (".tmp-checkpoint-*", ".old-checkpoint-*", ".tmp-final", ".old-final")
-                      for p in out.glob(pattern)]:
-            shutil.rmtree(stale, ignore_errors=True)
-        probe = out / ".grpokit-write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise OutputDirError(f"cannot write to run.output_dir '{out}' ({e.strerror or e}): "
-                             "fix its permissions or choose another run.output_dir") from None
 
 
 def rng_state() -> dict[str, Any]:

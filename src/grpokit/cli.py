@@ -15,9 +15,14 @@ import dataclasses
 import importlib
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from .config import PRESETS, SECTIONS, ConfigError, GRPOConfig, build_config, explicit_preset_conflicts, load_config
+from .errors import run_command
+from .tasks.files import TASK_LENGTHS
+
+log = logging.getLogger("grpokit")
 
 # The embedded default run (`grpokit train` with no config file): the demo on the built-in task.
 # It sets no loss.* key, so the objective is the paper's unless a preset or override says otherwise.
@@ -31,27 +36,14 @@ DEMO: dict[str, Any] = {
     "run.output_dir": "runs/demo", "run.max_steps": 400,
     "run.eval_limit": 500, "run.eval_steps": 100,   # greedy held-out accuracy at 0, 100, ..., and the end
 }
+# The demo keys that fit only its arithmetic task: another task.name brings its own (demo_config)
+DEMO_TASK_KEYS = ("task.operators", "task.num_train", "task.num_eval", "rollout.max_completion_length",
+                  "rollout.max_prompt_length")
 
 SUBCOMMANDS = {  # name -> module with main(argv) -> int, for the commands that live beside their code
     "eval": "grpokit.evaluate", "sft": "grpokit.sft", "plot": "grpokit.plots", "report": "grpokit.report",
-    "bench": "grpokit.bench", "vllm-serve": "grpokit.vllm_serve",
+    "bench": "grpokit.bench", "vllm-serve": "grpokit.vllm_serve", "sweep": "grpokit.sweep",
 }
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that are the user's to fix: printed as one line, no traceback."""
-    from .checkpoint import OutputDirError
-    from .models import ModelError
-    from .rollout import PromptTooLongError
-
-    errors: list[type[BaseException]] = [ConfigError, ModelError, OutputDirError, PromptTooLongError,
-                                         FloatingPointError, FileNotFoundError]
-    for mod, name in (("grpokit.tasks", "TaskError"), ("grpokit.rewards", "RewardError")):
-        try:
-            errors.append(getattr(importlib.import_module(mod), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errors)
 
 
 def describe(cfg: GRPOConfig) -> str:
@@ -78,12 +70,40 @@ def describe(cfg: GRPOConfig) -> str:
 def train_config(path: str | None, overrides: list[str], resume: bool, overwrite: bool) -> GRPOConfig:
     extra = overrides + (["run.resume=true"] if resume else []) + (["run.overwrite=true"] if overwrite else [])
     if path is not None:
+        if _is_config_key(path) and not Path(path).exists():  # `grpokit train loss.beta 0.1`
+            value = overrides[0] if overrides and "=" not in overrides[0] else "VALUE"
+            raise ConfigError(f"'{path}' is a config key, not a config file: write {path}={value} "
+                              "(no spaces around '=')")
         return load_config(path, extra)
     from .config import parse_overrides
 
-    values = dict(DEMO)
-    values.update(parse_overrides(extra))
-    return build_config(values)
+    return demo_config(parse_overrides(extra))
+
+
+def _is_config_key(item: str) -> bool:
+    names = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    return item in names or item in {n.split(".", 1)[1] for n in names} or item == "preset"
+
+
+def demo_config(overrides: dict[str, Any]) -> GRPOConfig:
+    """The built-in demo's config under the user's overrides.
+
+    With another task.name, the demo's arithmetic-only keys (DEMO_TASK_KEYS: its 64-token prompts,
+    24-token completions, problem counts) are dropped for the task's own lengths (`TASK_LENGTHS`),
+    and one line says which demo settings were kept.
+    """
+    task = overrides.get("task.name", overrides.get("name", DEMO["task.name"]))  # 'name' is task.name, bare
+    if task == DEMO["task.name"]:
+        return build_config({**DEMO, **overrides})
+    values = {k: v for k, v in DEMO.items() if k not in DEMO_TASK_KEYS}
+    cfg = build_config({**values, **TASK_LENGTHS.get(str(task), {}), **overrides})
+    flat = {f"{s}.{k}": v for s, section in cfg.to_dict().items() if isinstance(section, dict)
+            for k, v in section.items()}
+    kept = [f"{k}={v}" for k, v in values.items() if k != "task.name" and flat.get(k) == v]
+    log.info("task.name=%s: rollout.max_prompt_length=%d, rollout.max_completion_length=%d (the task's); "
+             "kept from the built-in demo: %s (override them, or give a YAML config)", cfg.task.name,
+             cfg.rollout.max_prompt_length, cfg.rollout.max_completion_length, ", ".join(kept) or "nothing")
+    return cfg
 
 
 def cmd_train(argv: list[str]) -> int:
@@ -122,21 +142,15 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the middle of our output
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: grpokit {train,eval,sft,plot,report,bench} ... (grpokit train: the built-in demo)")
+        print(f"usage: grpokit {{train,{','.join(SUBCOMMANDS)}}} ... (grpokit train: the built-in demo)")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
-    try:
-        if cmd == "train":
-            return cmd_train(rest)
-        if cmd in SUBCOMMANDS:
-            return importlib.import_module(SUBCOMMANDS[cmd]).main(rest)
-        print(f"grpokit: unknown command '{cmd}': use one of train, {', '.join(SUBCOMMANDS)}", file=sys.stderr)
-        return 2
-    except user_errors() as e:
-        if debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if cmd == "train":
+        return run_command(cmd_train, rest, debug)
+    if cmd in SUBCOMMANDS:
+        return run_command(importlib.import_module(SUBCOMMANDS[cmd]).main, rest, debug)
+    print(f"error: unknown command '{cmd}': use one of train, {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 class ConfigError(ValueError):
@@ -32,12 +32,20 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help}, **kw)
 
 
+# model.precision: the compute precision, declared once; help text and validation derive from it.
+Precision = Literal["fp32", "bf16", "auto"]
+
+
 @dataclass
 class ModelConfig:
     name_or_path: str = _f("builtin:arith-demo", "local AutoModelForCausalLM folder, an alias "
                            "(smollm2-135m-instruct), or builtin:arith-demo / builtin:tiny-random")
     gguf_file: str | None = _f(None, "GGUF file name inside name_or_path (needs the [gguf] extra)")
-    dtype: str = _f("float32", "float32 | bfloat16 | float16 weights and compute")
+    dtype: str = _f("float32", "float32 | bfloat16 | float16: the stored weights (16-bit: compute in it too)")
+    precision: Precision = _f("auto", " | ".join(typing.get_args(Precision)) + ": compute precision of float32 "
+                              "weights; bf16 keeps fp32 master weights and optimizer state, runs the matmuls in "
+                              "bfloat16 and the log-softmax/loss in fp32; auto picks bf16 where the device has native "
+                              "bf16 matmul and the model is large enough (grpokit.precision)")
     device: str = _f("auto", "auto (cuda if available, else cpu) | cpu | cuda | cuda:N")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward (less memory)")
     lora_r: int = _f(0, "LoRA rank; 0 trains all weights (LoRA needs the [peft] extra)")
@@ -48,8 +56,9 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = _f("arithmetic", "arithmetic | gsm8k | math500 | jsonl")
-    path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl")
+    name: str = _f("arithmetic", "arithmetic | gsm8k | math500 | jsonl | hf (a datasets-readable jsonl / parquet "
+                   "file or save_to_disk folder, TRL's format: a prompt column, other columns to the rewards)")
+    path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl / hf")
     train_split: str = _f("train", "split the policy trains on")
     eval_split: str = _f("test", "held-out split for evaluation")
     prompt_column: str = _f("prompt", "jsonl task: column holding the question")
@@ -61,6 +70,7 @@ class TaskConfig:
     num_eval: int = _f(500, "arithmetic: held-out problems (disjoint from train)")
     seed: int = _f(1234, "arithmetic: generator seed")
     chat_template: bool = _f(False, "render prompts with the tokenizer's chat template")
+    chat_template_kwargs: dict = _f({}, "extra keywords for apply_chat_template (e.g. {enable_thinking: false})")
     system_prompt: str | None = _f(None, "system message when chat_template is on")
     format: str = _f("boxed", "boxed (final answer in \\boxed{}) | r1 (<think>...</think> then the answer)")
     instruction: bool = _f(False, "append an instruction to put the final answer in \\boxed{}")
@@ -87,7 +97,17 @@ class RolloutConfig:
     vllm_mode: str = _f("colocate", "backend=vllm: colocate (an LLM engine in each training process, slept "
                         "during the update) | server (a `grpokit vllm-serve` process, weights pushed each step)")
     vllm_gpu_memory_utilization: float = _f(0.3, "backend=vllm colocate: share of GPU memory vLLM may take")
-    vllm_server_base_url: str = _f("http://localhost:8000", "backend=vllm server: where `grpokit vllm-serve` listens")
+    vllm_server_base_url: str = _f("http://127.0.0.1:8000",
+                                   "backend=vllm server: where `grpokit vllm-serve` listens")
+    vllm_kv_cache_gib: float = _f(0.0, "backend=vllm colocate: KV-cache budget in GiB; 0 = from "
+                                  "vllm_gpu_memory_utilization on GPU, 1 GiB on CPU (vLLM's own CPU default "
+                                  "takes most of the RAM)")
+    vllm_cpu_threads: int = _f(0, "backend=vllm colocate on CPU: torch threads of the training process, "
+                               "which the engine shares (set before it starts; vLLM then forbids changes); "
+                               "0 = as is")
+    vllm_enforce_eager: bool | str = _f("auto", "backend=vllm colocate: no torch.compile / CUDA graphs: auto "
+                                        "(eager on CPU, where compiling costs ~2 min at start; compiled on "
+                                        "GPU) | true | false")
 
 
 @dataclass
@@ -241,6 +261,11 @@ def _coerce(key: str, value: Any) -> Any:
     optional = type(None) in args
     base = next((a for a in args if a is not type(None)), tp) if args else tp
     base = typing.get_origin(base) or base
+    if base is Literal:                               # a declared choice (model.precision): one of its values
+        options = [str(a) for a in typing.get_args(tp)]
+        if str(value) in options:
+            return str(value)
+        raise ConfigError(f"{key} must be one of {', '.join(options)}, got {value!r}{_suggest(str(value), options)}")
     if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and base is not str):
         if optional:
             return None
@@ -349,10 +374,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file '{p}' is a folder: give the path of a YAML file in it")
         if not p.is_file():
             raise ConfigError(f"config file '{p}' does not exist: give the path of a YAML file")
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file '{p}' is not UTF-8 text (byte {e.start}): "
+                              "save it as UTF-8") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark else ""

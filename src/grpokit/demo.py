@@ -9,6 +9,7 @@ and metrics.jsonl (one row per GRPO step). From them:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .metrics import read_metrics
@@ -34,9 +35,10 @@ def before_after_table(run_dir: str | Path) -> str:
     lines = [f"held-out problems: {n} (never trained on); greedy decoding",
              f"{'':34}{'before':>10}{'after':>10}{'change':>10}",
              f"{'step':34}{before['step']:>10}{after['step']:>10}{'':>10}"]
-    for key, label, pct in TABLE_ROWS:
-        if key not in before or key not in after:
-            continue
+    per_func = [(k, f"mean {k}", False) for k in before if k.startswith("rewards/") and k in after]
+    for key, label, pct in TABLE_ROWS + tuple(per_func):
+        if key not in before or key not in after or math.isnan(float(before[key])):
+            continue  # no answer column (a TRL dataset): no accuracy to show
         b, a = float(before[key]), float(after[key])
         if pct:
             lines.append(f"{label:34}{100 * b:>9.1f}%{100 * a:>9.1f}%{100 * (a - b):>+9.1f} pt")

@@ -17,15 +17,23 @@ pass@k is the unbiased estimator of Chen et al. (2021) averaged over problems:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import math
 import sys
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Sequence
 
 import torch
 
 from .config import GRPOConfig
+from .errors import check_out_file, write_text_aside
+from .preflight import check_environment, prompt_tokens
+from .rollout import PromptTooLongError, prompt_log
+
+log = logging.getLogger("grpokit")
+TRUNCATE_KEYS = ("rollout.truncate_prompt", "truncate_prompt")  # set explicitly: no --allow-truncation needed
 
 EVAL_BATCH = 128  # problems decoded at once; fixed so train and `grpokit eval` batch identically
 
@@ -52,29 +60,34 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def _score(cfg: GRPOConfig, tokenizer, rollout, examples: Sequence, group_size: int) -> dict[str, torch.Tensor]:
-    """Per-completion reward (the configured weighted sum), correctness and format: each [N]."""
+def _score(cfg: GRPOConfig, tokenizer, rollout, examples: Sequence, group_size: int,
+           reward_funcs: list | None = None, reward_extra: dict | None = None) -> dict[str, torch.Tensor]:
+    """Per-completion reward (the configured weighted sum), correctness (NaN without an answer column),
+    format and each function's score (rewards/<name>): each [N]."""
     from .rewards import REWARDS, reward_kwargs, score_responses, token_char_ends
     from .trainer import build_reward_funcs
 
-    funcs = build_reward_funcs(cfg)
+    funcs = reward_funcs or build_reward_funcs(cfg)
     columns = {k: [ex.columns.get(k) for ex in examples for _ in range(group_size)] for k in examples[0].columns}
     ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
-    extra: dict[str, Any] = {**reward_kwargs(cfg), "completion_ids": ids}
+    extra: dict[str, Any] = {**reward_kwargs(cfg), "completion_ids": ids, **(reward_extra or {})}
     if any(getattr(fn, "process", False) for _, fn, _ in funcs):
         extra["completion_char_ends"] = [token_char_ends(tokenizer, row) for row in ids]
     extra = {k: v for k, v in extra.items() if k not in columns}  # a column wins (task_format is one)
     scores = score_responses(funcs, rollout.prompts, rollout.completions, columns,
                              reward_errors=cfg.reward.reward_errors, **extra)
-    correct = REWARDS["accuracy"](rollout.prompts, rollout.completions, **columns)
+    correct = REWARDS["accuracy"](rollout.prompts, rollout.completions, **columns) if "answer" in columns else \
+        [math.nan] * len(rollout.completions)   # a TRL dataset needs no answer column
     formatted = REWARDS["format"](rollout.prompts, rollout.completions, **columns)
-    return {"reward": scores.total, "correct": torch.tensor(correct, dtype=torch.float32),
+    return {**{f"rewards/{k}": v for k, v in scores.per_func.items()},
+            "reward": scores.total, "correct": torch.tensor(correct, dtype=torch.float32),
             "format": torch.tensor(formatted, dtype=torch.float32),
             "length": rollout.completion_mask.sum(-1).float().cpu(), "truncated": rollout.truncated.float().cpu()}
 
 
 def _decode_all(model, tokenizer, examples: Sequence, cfg: GRPOConfig, group_size: int, greedy: bool,
-                progress: bool, desc: str) -> dict[str, torch.Tensor]:
+                progress: bool, desc: str, reward_funcs: list | None = None,
+                reward_extra: dict | None = None) -> dict[str, torch.Tensor]:
     """Decode `group_size` completions per example in fixed batches and score them; tensors [N]."""
     from tqdm import tqdm
 
@@ -87,13 +100,14 @@ def _decode_all(model, tokenizer, examples: Sequence, cfg: GRPOConfig, group_siz
         chunk = examples[s:s + batch]
         rollout = sample_groups(model, tokenizer, [ex.prompt for ex in chunk], group_size, r.max_completion_length,
                                 r.temperature, r.top_p, r.top_k, r.max_prompt_length, r.truncate_prompt, r.backend,
-                                greedy=greedy)
-        parts.append(_score(cfg, tokenizer, rollout, chunk, group_size))
+                                greedy=greedy, chat_template_kwargs=cfg.task.chat_template_kwargs)
+        parts.append(_score(cfg, tokenizer, rollout, chunk, group_size, reward_funcs, reward_extra))
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int = -1, num_samples: int = 0,
-             ks: Sequence[int] = (1,), seed: int = 0, progress: bool | None = None) -> dict[str, float]:
+             ks: Sequence[int] = (1,), seed: int = 0, progress: bool | None = None,
+             reward_funcs: list | None = None, reward_extra: dict | None = None) -> dict[str, float]:
     """Greedy (and optionally sampled) evaluation of `model` on the first `limit` examples.
 
     Args:
@@ -106,6 +120,8 @@ def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int =
         ks: the k of each pass@k (each <= num_samples).
         seed: sampling seed (the caller's RNG state is left untouched).
         progress: show a progress bar (default: cfg.run.progress).
+        reward_funcs: (name, fn, weight) triples to score with; None: cfg.reward.funcs.
+        reward_extra: more keywords for every reward call (TRL's trainer_state, log_metric, log_extra).
 
     Returns:
         {num_problems, accuracy (greedy pass@1), reward_mean, format_rate, completion_length_mean,
@@ -118,15 +134,20 @@ def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int =
     if num_samples and any(not 1 <= k <= num_samples for k in ks):
         raise ValueError(f"every k must be in [1, num_samples={num_samples}], got {list(ks)}: lower k or raise --samples")
     progress = cfg.run.progress if progress is None else progress
-    greedy = _decode_all(model, tokenizer, examples, cfg, 1, True, progress, "eval greedy")
+    check_prompt_lengths(tokenizer, examples, cfg)  # one line for every batch: the sampler's own are muted
+    with _muted(prompt_log):
+        greedy = _decode_all(model, tokenizer, examples, cfg, 1, True, progress, "eval greedy", reward_funcs,
+                         reward_extra)
     out = {"num_problems": float(len(examples)), "accuracy": float(greedy["correct"].mean()),
+           **{k: float(torch.nanmean(v)) for k, v in greedy.items() if k.startswith("rewards/")},
            "reward_mean": float(torch.nanmean(greedy["reward"])), "format_rate": float(greedy["format"].mean()),
            "completion_length_mean": float(greedy["length"].mean()),
            "frac_truncated": float(greedy["truncated"].mean())}
     if num_samples:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _muted(prompt_log):
             torch.manual_seed(seed)
-            sampled = _decode_all(model, tokenizer, examples, cfg, num_samples, False, progress, "eval sampled")
+            sampled = _decode_all(model, tokenizer, examples, cfg, num_samples, False, progress, "eval sampled",
+                                  reward_funcs, reward_extra)
         c = sampled["correct"].view(len(examples), num_samples).sum(-1)   # [problems] correct samples
         out.update({"num_samples": float(num_samples), "sampled_accuracy": float(sampled["correct"].mean()),
                     "sampled_reward_mean": float(torch.nanmean(sampled["reward"])),
@@ -135,6 +156,37 @@ def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int =
         for k in ks:
             out[f"pass@{k}"] = sum(pass_at_k(num_samples, int(ci), k) for ci in c) / len(examples)
     return out
+
+
+def check_prompt_lengths(tokenizer, examples: Sequence, cfg: GRPOConfig) -> None:
+    """Prompts longer than rollout.max_prompt_length: one line for the whole evaluation.
+
+    With rollout.truncate_prompt=error (what `grpokit eval` uses unless --allow-truncation) that
+    line is a `PromptTooLongError`, before anything is decoded: a score on cut questions is not the
+    score of the task. With "left" (training's in-loop evaluation) it is one warning saying so.
+    """
+    limit = cfg.rollout.max_prompt_length
+    lengths = [prompt_tokens(tokenizer, ex.prompt, cfg.task.chat_template_kwargs) for ex in examples]
+    long = [n for n in lengths if n > limit]
+    if not long:
+        return
+    what = (f"{len(long)} of {len(lengths)} evaluation prompts have more than "
+            f"rollout.max_prompt_length={limit} tokens (longest {max(long)})")
+    if cfg.rollout.truncate_prompt == "error":
+        raise PromptTooLongError(f"{what}: raise rollout.max_prompt_length to {max(long)}, or let them be "
+                                 "cut to their last tokens (grpokit eval --allow-truncation)")
+    log.warning("%s: each keeps its last %d tokens, so these figures are for cut questions; raise "
+                "rollout.max_prompt_length to %d to evaluate them whole", what, limit, max(long))
+
+
+@contextlib.contextmanager
+def _muted(logger: logging.Logger) -> Iterator[None]:
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def eval_config(path: str | None, overrides: list[str]) -> GRPOConfig:
@@ -155,10 +207,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("--k", default="1", help="comma-separated k values for pass@k, each <= --samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--out", default="eval_report.json", help="where the JSON report goes")
-    args = p.parse_args(argv)
+    p.add_argument("--allow-truncation", action="store_true",
+                   help="cut prompts longer than rollout.max_prompt_length (default: refuse, naming the "
+                   "longest)")
+    args = p.parse_intermixed_args(argv)  # key=value items may come before, between or after the options
+    if args.samples < 0:
+        p.error(f"--samples must be >= 0 (0: greedy only), got {args.samples}")
+    out = check_out_file(args.out, "--out")  # before any work: a report that cannot be written is no report
     path = args.items[0] if args.items and "=" not in args.items[0] else None
     overrides = (args.items[1:] if path else args.items) + ([f"model.name_or_path={args.model}"] if args.model else [])
+    if not args.allow_truncation and not any(o.split("=")[0].strip() in TRUNCATE_KEYS for o in overrides):
+        overrides.append("rollout.truncate_prompt=error")  # cut questions would make another benchmark
     cfg = eval_config(path, overrides)
+    check_environment(cfg)
     try:
         ks = [int(k) for k in args.k.split(",") if k]
     except ValueError:
@@ -177,8 +238,7 @@ def main(argv: list[str]) -> int:
     result = evaluate(model, tokenizer, examples, cfg, limit=limit, num_samples=args.samples,
                       ks=ks if args.samples else (), seed=args.seed, progress=True)
     report = {"model": cfg.model.name_or_path, "task": cfg.task.name, "split": split, **result}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_text_aside(out, json.dumps(report, indent=2) + "\n")
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {value:.4f}" if not key.startswith("num_") else f"{key:<{width}}  {int(value)}")

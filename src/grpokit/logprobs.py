@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import kernel_attention
 from .fused_ops import fused_ops
+from .precision import autocast_for, compute_dtype
 
 # Architectures whose decoder takes a transformers DynamicCache with the usual (ids, mask, positions).
 CACHE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "olmo", "olmo2", "granite", "smollm3")
@@ -92,9 +93,10 @@ def per_token_logprobs(
     targets = input_ids[:, -T:]                                           # [B, T]
     # Not under activation checkpointing: its recompute runs in backward, after the swap, with the class's forward.
     ops = contextlib.nullcontext() if checkpointing_enabled(model) else fused_ops(model)
-    with kernel_attention(model), ops:                                    # C attention, MLP and RMSNorm kernels (CPU)
+    with kernel_attention(model), ops, autocast_for(model):              # C kernels (fp32, CPU); bf16 matmuls
         hidden, weight, bias = _final_hidden(model, input_ids, attention_mask, T, share_prompts)
-    return head_logprobs(hidden, targets, weight, bias, temperature, chunk_rows, return_entropy)
+    return head_logprobs(hidden, targets, weight, bias, temperature, chunk_rows, return_entropy,
+                         compute_dtype=compute_dtype(model))
 
 
 def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int, share_prompts: bool):
@@ -164,15 +166,21 @@ def _plain_tensors(*tensors) -> bool:
 
 
 def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                  temperature: float, chunk_rows: int = 1024,
-                  return_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                  temperature: float, chunk_rows: int = 1024, return_entropy: bool = False,
+                  compute_dtype: torch.dtype | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Final hidden states [B, T, H] (or logits [B, T, V] when weight is None) -> log-probs of targets [B, T].
 
     The lm-head runs over chunks of `chunk_rows` rows (`HeadLogprobs` under autograd), so at most
     [chunk_rows, V] logits exist at a time. With gradients, each chunk keeps its probabilities for
     backward when V <= KEEP_PROBS_VOCAB_RATIO * H (then they cost no more than a few of the [rows, H]
     activations each decoder layer keeps); larger vocabularies recompute the chunk's logits in backward.
+    compute_dtype (bf16 mixed precision): the head's matmuls, forward and backward, run in it on cast
+    copies (the gradients flow back to the fp32 weights through the casts); the logits are cast up to
+    float32 before the logsumexp, so log-softmax, ratio, KL and loss stay float32.
     """
+    if compute_dtype is not None and weight is not None:
+        hidden, weight = hidden.to(compute_dtype), weight.to(compute_dtype)
+        bias = None if bias is None else bias.to(compute_dtype)
     B, T, H = hidden.shape
     flat_h = hidden.reshape(B * T, H)                                     # [B*T, H]
     flat_t = targets.reshape(B * T)
@@ -232,6 +240,7 @@ def cache_kwarg(module) -> str:
 
 
 def checkpointing_enabled(model) -> bool:
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model   # a PeftModel: its base
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):   # transformers 5 / 4 names
         if name in dir(type(model)):
             return bool(getattr(model, name))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import logging
 from pathlib import Path
 from typing import Any, Iterator
@@ -60,6 +61,7 @@ def wrap_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
         A peft PeftModel (train mode) whose trainable parameters are the LoRA A and B matrices.
     """
     peft = _peft()
+    check_targets(model, cfg.lora_target_modules)
     head = model.get_output_embeddings()
     head_names = {n for n, m in model.named_modules() if m is head}
     clash = [t for t in cfg.lora_target_modules if any(n == t or n.endswith("." + t) for n in head_names)]
@@ -68,6 +70,8 @@ def wrap_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
                         "target attention/MLP projections, e.g. q_proj,k_proj,v_proj,o_proj")
     lora_cfg = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM", bias="none")
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.enable_input_require_grads()   # else checkpointed blocks of frozen weights pass no gradient on
     try:
         wrapped = peft.get_peft_model(model, lora_cfg)
     except ValueError as e:
@@ -77,6 +81,20 @@ def wrap_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
     log.info("LoRA r=%d: %d trainable of %d parameters (%.3f%%)", cfg.lora_r, trainable, total,
              100.0 * trainable / max(total, 1))
     return wrapped
+
+
+def check_targets(model: torch.nn.Module, targets: list) -> None:
+    """Every name in model.lora_target_modules must match a module (its full name, or its last part):
+    peft wraps whatever matches and silently drops a misspelt one, which would then never train."""
+    names = [n for n, _ in model.named_modules() if n]
+    missing = [str(t) for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear)})
+        close = [c for t in missing for c in difflib.get_close_matches(t, linear, n=1, cutoff=0.5)]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise LoRAError(f"model.lora_target_modules: {', '.join(missing)} match no module of the "
+                        f"model{hint}; its linear layers are {', '.join(linear)}: check model.lora_target_modules")
 
 
 class DisabledAdapterReference(torch.nn.Module):

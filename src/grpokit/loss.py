@@ -26,6 +26,7 @@ Truncated importance sampling (`truncated_is_weights`), for a sampler that is no
     tis_level "token"    w_{i,t} = min(exp(logp_old - logp_sampler), C)          per token
     tis_level "sequence" w_i     = min(exp(sum_t (logp_old - logp_sampler)), C)  one weight per completion
                          the policy term becomes w * L^clip (no gradient through w; KL term unweighted)
+    the mismatch itself (`logprob_mismatch`): mean and max over valid tokens of |logp_old - logp_sampler|
 
 N_seq and N_tok default to this call's completions and valid tokens; passing the whole generation
 batch's counts makes micro-batch losses sum to the big-batch loss for grpo, dr_grpo and dapo
@@ -182,6 +183,24 @@ def truncated_is_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Ten
         metrics = {"tis/mean_weight": _masked_mean(weights.expand_as(mask), mask),
                    "tis/clipped_frac": _masked_mean((raw > cap).to(mask.dtype).expand_as(mask), mask)}
     return weights, metrics
+
+
+def logprob_mismatch(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
+                     mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far the sampler's log-probs are from the trainer's, over valid completion tokens.
+
+    Args:
+        old_logprobs: [N, T] log pi_old under the trainer; sampler_logprobs: [N, T] the sampler's.
+        mask: [N, T] 1 on valid completion tokens.
+
+    Returns:
+        mismatch/abs_logprob_diff_mean (token mean) and mismatch/abs_logprob_diff_max of
+        |logp_old - logp_sampler|; 0 when there is no valid token.
+    """
+    mask = mask.to(old_logprobs.dtype)
+    diff = (old_logprobs.detach() - sampler_logprobs.to(old_logprobs.dtype)).abs() * mask    # [N, T]
+    return {"mismatch/abs_logprob_diff_mean": _masked_mean(diff, mask),
+            "mismatch/abs_logprob_diff_max": diff.max() if diff.numel() else diff.new_zeros(())}
 
 
 def grpo_loss(model, rollout, advantages: torch.Tensor, ref_model=None, old_logprobs: torch.Tensor | None = None,

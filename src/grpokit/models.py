@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from safetensors import SafetensorError
 
 from .config import ModelConfig
 
@@ -149,6 +150,9 @@ def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype):
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"'{folder}' is not a causal LM that transformers can load: "
                          f"{str(e).splitlines()[0]}") from None
+    except SafetensorError as e:  # names no file: a truncated or overwritten *.safetensors
+        raise ModelError(f"the weights in '{folder}' are damaged ({str(e).splitlines()[0]}): copy or save "
+                         "the model again") from None
     if gguf:
         model = plain_copy(model)  # a GGUF-marked model refuses save_pretrained: make it a normal one
     return model, _load_tokenizer(folder, gguf)

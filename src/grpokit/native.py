@@ -241,6 +241,8 @@ class WholeStep:
         k = dec.native
         if k is None or not (k.whole_step or k.vector_width == 8) or not dec.silu or dec.head.packed is not None:
             return None
+        if getattr(dec, "compute", None) is not None:                     # bf16 matmuls: the C sgemm is fp32 only
+            return None
         if any(w[name].packed is not None for w in dec.layers for name in ("qkv", "o", "gu", "down")) \
                 or len({w["scale"] for w in dec.layers}) != 1:
             return None

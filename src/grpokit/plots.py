@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from .errors import UserError, check_out_dir, written_aside
 from .metrics import PHASES, read_metrics
 from .tracking import short_name
 
@@ -125,12 +126,27 @@ def load_runs(run_dirs: Sequence[str | Path]) -> list[Run]:
         names = [f"{p.resolve().parent.name}/{p.resolve().name}" for p in paths]
     runs = []
     for p, name in zip(paths, names):
-        rows = read_metrics(p)
+        rows = _rows(p / "metrics.jsonl")
         if not rows:
             raise FileNotFoundError(f"{p / 'metrics.jsonl'} is empty: the run has not finished a step yet")
-        evals = read_metrics(p, "eval.jsonl") if (p / "eval.jsonl").is_file() else []
+        evals = _rows(p / "eval.jsonl") if (p / "eval.jsonl").is_file() else []
         runs.append(Run(name, rows, evals))
     return runs
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON-object rows of a run's .jsonl file; a file with lines but none readable is an error
+    (a last line cut by a kill is only skipped: `read_metrics`)."""
+    try:
+        rows = [r for r in read_metrics(path) if isinstance(r, dict)]
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is unreadable (not UTF-8 text): it is not a grpokit log; "
+                        "give the run folder that training wrote") from None
+    text = path.read_bytes()
+    if not rows and (text.strip().count(b"\n") or text.endswith(b"\n")):  # not just one line cut by a kill
+        raise UserError(f"{path} is unreadable: none of its lines is a JSON object; "
+                        "give the run folder that training wrote")
+    return rows
 
 
 def _expand(series: list[tuple[str, str]], keys: set[str]) -> list[tuple[str, str]]:
@@ -282,14 +298,15 @@ def plot_run(run_dirs: str | Path | Sequence[str | Path], out_dir: str | Path | 
     dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     if not 0 <= smooth < 1:
         raise ValueError(f"smoothing must be in [0, 1), got {smooth}: e.g. --smooth 0.6")
-    runs = load_runs(dirs)
     out = Path(out_dir) if out_dir is not None else (Path(dirs[0]) / "plots" if len(dirs) == 1
                                                      else Path("plots-compare"))
-    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(dirs)
+    check_out_dir(out, "--out")  # before any figure is drawn
     paths = []
     for name, fig in figures(runs, smooth).items():
         path = out / f"{name}.png"
-        fig.savefig(path, dpi=100)
+        with written_aside(path) as tmp:  # .tmp-<name>.png, then renamed: never half a figure
+            fig.savefig(tmp, dpi=100)
         paths.append(path)
     return paths
 

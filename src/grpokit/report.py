@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError, check_out_file, write_text_aside
 from .metrics import read_metrics
 from .plots import DEFAULT_SMOOTH, figures, load_runs
 from .tracking import short_name
@@ -191,11 +192,9 @@ def build_report(run_dir: str | Path, smooth: float = DEFAULT_SMOOTH) -> str:
     run = load_runs([run_dir])[0]
     optional = {name: read_metrics(run_dir, name) if (run_dir / name).is_file() else []
                 for name in ("completions.jsonl",)}
-    config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else None
-    summary = None
-    if (run_dir / "prompt_summary.json").is_file():
-        summary = json.loads((run_dir / "prompt_summary.json").read_text())
-    elif (run_dir / "prompt_history.jsonl").is_file():
+    config = _read_json(run_dir / "config.json")
+    summary = _read_json(run_dir / "prompt_summary.json")
+    if summary is None and (run_dir / "prompt_history.jsonl").is_file():
         from .tracking import summarize_prompts
 
         summary = summarize_prompts(read_metrics(run_dir, "prompt_history.jsonl"))
@@ -220,11 +219,24 @@ def build_report(run_dir: str | Path, smooth: float = DEFAULT_SMOOTH) -> str:
             f"{body}</body></html>")
 
 
+def _read_json(path: Path) -> Any:
+    """A run's JSON file, None when absent; one that does not parse names itself."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
+        raise UserError(f"{path} is unreadable (not JSON): delete it or restore it from the run") from None
+
+
 def write_report(run_dir: str | Path, out: str | Path | None = None, smooth: float = DEFAULT_SMOOTH) -> Path:
-    """Write the report of run_dir to `out` (default run_dir/report.html) and return its path."""
-    path = Path(out) if out is not None else Path(run_dir) / "report.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(build_report(run_dir, smooth), encoding="utf-8")
+    """Write the report of run_dir to `out` (default run_dir/report.html) and return its path.
+
+    The page is written beside `out` and renamed onto it, so a failure leaves an older report whole.
+    """
+    load_runs([run_dir])  # a folder without a readable metrics.jsonl fails first, naming it
+    path = check_out_file(Path(out) if out is not None else Path(run_dir) / "report.html", "--out")
+    write_text_aside(path, build_report(run_dir, smooth))
     return path
 
 

@@ -29,6 +29,7 @@ from .fused_ops import silu_mul_halves
 from .logprobs import checkpointing_enabled, head_logprobs, launch_tokens, length_buckets, micro_batches, \
     position_ids_from_mask
 from .native import kernels_for
+from .precision import compute_dtype
 
 class ActivationRecord:
     """Projection outputs of one sampling call, per layer: prompts [B, P, D] and completions [T-1, N, D]
@@ -296,6 +297,8 @@ def recording_policy(cfg, world_size: int, model):
     if not r.reuse_activations or world_size != 1 or r.backend not in ("auto", "fast") or r.dynamic_sampling \
             or cfg.loss.algorithm != "grpo" or checkpointing_enabled(model):
         return False
+    if compute_dtype(model) is not None:   # bf16: the projection matmuls it saves are the cheap part in bf16,
+        return False                       # and _RecordedProjection's backward would run them in fp32
     if r.reuse_activations is True:
         return True
     n_params = sum(p.numel() for p in model.parameters())

@@ -5,10 +5,18 @@ function over a batch that, when the batch raises, retries each completion alone
 culprit (reward_errors='raise') or drop it (reward_errors='skip'), and the checks of each returned
 value: a list of one score per completion, a finite float or None, and for process functions
 (end_token_index, reward) pairs inside the completion.
+
+Functions are called as TRL calls them, by keyword: ``fn(prompts=..., completions=..., **kwargs)``,
+so TRL's own rewards (``think_format_reward(completions, **kwargs)``) receive what their names say.
+``async def`` functions of one batch are awaited together (`run_async_batches`), so three that each
+wait 0.2 s on a server take 0.2 s, not 0.6 s.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +47,50 @@ def _short(completion: Any) -> str:
     return repr(text[:60] + ("..." if len(text) > 60 else ""))
 
 
+def is_conversational(prompt: Any) -> bool:
+    """A chat prompt: a list of {'role', 'content'} messages (TRL's conversational format)."""
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) and "role" in m for m in prompt)
+
+
+def completions_as_messages(prompts: list, completions: list) -> list:
+    """TRL's completions: for a chat prompt, the text as [{'role': 'assistant', 'content': text}]."""
+    return [[{"role": "assistant", "content": c}] if isinstance(c, str) and is_conversational(p) else c
+            for p, c in zip(prompts, completions)]
+
+
+def _invoke(fn: Callable, **kwargs: Any) -> Any:
+    """fn(**kwargs); an async function is run to completion."""
+    out = fn(**kwargs)
+    if not inspect.isawaitable(out):
+        return out
+    result = _run_coroutines([out])[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def _run_coroutines(awaitables: list) -> list:
+    """Await all at once; each result or the exception it raised (a running loop: in a helper thread)."""
+    async def gather() -> list:
+        return await asyncio.gather(*awaitables, return_exceptions=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(gather())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # called from inside an event loop (notebooks)
+        return pool.submit(asyncio.run, gather()).result()
+
+
+def run_async_batches(funcs: list[Callable], prompts: list, completions: list, kwargs: dict[str, Any]) -> list:
+    """The batch calls of every ``async def`` function in `funcs`, awaited concurrently; per function its
+    output, an exception it raised, or None for a plain function (called later, one after another)."""
+    coros = {i: fn(prompts=prompts, completions=completions, **kwargs)
+             for i, fn in enumerate(funcs) if inspect.iscoroutinefunction(fn)}
+    done = dict(zip(coros, _run_coroutines(list(coros.values())))) if coros else {}
+    return [done.get(i) for i in range(len(funcs))]
+
+
 def _sample_kwargs(kwargs: dict[str, Any], i: int, n: int) -> dict[str, Any]:
     """The keywords of completion i alone: per-completion lists are cut to their i-th element."""
     out = {}
@@ -50,11 +102,15 @@ def _sample_kwargs(kwargs: dict[str, Any], i: int, n: int) -> dict[str, Any]:
 
 
 def _call(name: str, fn: Callable, prompts: list, completions: list, kwargs: dict[str, Any],
-          reward_errors: str) -> tuple[list, set[int]]:
-    """fn over the batch; if it raises, once per completion to find (raise) or drop (skip) the culprits."""
+          reward_errors: str, awaited: Any = None) -> tuple[list, set[int]]:
+    """fn over the batch (by keyword, as TRL calls it); if it raises, once per completion to find (raise)
+    or drop (skip) the culprits. `awaited`: the batch output of an async fn, already awaited."""
     n = len(completions)
     try:
-        return _check_list(name, fn(prompts, completions, **kwargs), n), set()
+        if isinstance(awaited, BaseException):
+            raise awaited
+        out = awaited if awaited is not None else _invoke(fn, prompts=prompts, completions=completions, **kwargs)
+        return _check_list(name, out, n), set()
     except RewardError:
         raise  # a misconfiguration (missing column, bad output), not a per-sample failure
     except Exception as batch_error:
@@ -63,7 +119,8 @@ def _call(name: str, fn: Callable, prompts: list, completions: list, kwargs: dic
     failed: set[int] = set()
     for i in range(n):
         try:
-            one = fn(prompts[i:i + 1], completions[i:i + 1], **_sample_kwargs(kwargs, i, n))
+            one = _invoke(fn, prompts=prompts[i:i + 1], completions=completions[i:i + 1],
+                          **_sample_kwargs(kwargs, i, n))
             scores[i] = _check_list(name, one, 1)[0]
         except RewardError:
             raise

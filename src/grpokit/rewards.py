@@ -1,6 +1,7 @@
 """Reward functions and their weighted sum: block [B] of the DeepSeekMath chapter.
 
-A reward function follows TRL's convention, so TRL reward functions work unchanged:
+A reward function follows TRL's convention, so TRL reward functions work unchanged; it is called by
+keyword, as TRL calls it (``async def`` functions of a batch run concurrently):
 
     def my_reward(prompts, completions, **kwargs) -> list[float | None]
 
@@ -36,7 +37,9 @@ from typing import Any
 import torch
 
 from grpokit.answers import answers_match, extract_answer, extract_boxed
-from grpokit.reward_calls import RewardError, _as_text, _call, _one_line, _score, _steps
+from grpokit.reward_calls import (RewardError, _as_text, _call, _one_line, _score, _steps, completions_as_messages,
+                                  run_async_batches)
+from grpokit.reward_models import RewardModel
 from grpokit.steps import check_steps, token_char_ends  # noqa: F401  (part of this module's API)
 
 
@@ -205,7 +208,8 @@ def get_reward_function(name: str) -> Callable:
     """A reward function by built-in name or import path.
 
     Args:
-        name: a key of `REWARDS`, ``'package.module:function'`` or ``'path/to/file.py:function'``.
+        name: a key of `REWARDS`, ``'package.module:function'``, ``'path/to/file.py:function'`` or the
+            folder of a reward model (`grpokit.reward_models.RewardModel`).
 
     Returns:
         The callable.
@@ -215,6 +219,8 @@ def get_reward_function(name: str) -> Callable:
     """
     if name in REWARDS:
         return REWARDS[name]
+    if Path(name).expanduser().is_dir():  # a reward model folder (sequence classification, one label)
+        return RewardModel.from_path(Path(name).expanduser())
     if ":" not in name:
         close = difflib.get_close_matches(name, list(REWARDS), n=1, cutoff=0.5)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -273,7 +279,8 @@ def score_responses(reward_funcs: Sequence[tuple[str, Callable, float]], prompts
     Args:
         reward_funcs: (name, function, weight) triples; functions from `get_reward_function`.
         prompts: the N prompts (each repeated for its G completions).
-        completions: the N completion texts (or chat message lists).
+        completions: the N completion texts (or chat message lists); for a chat prompt a text is passed
+            to the functions as [{'role': 'assistant', 'content': text}], as TRL does.
         columns: dataset columns, each a list of N values (``answer`` at least for the built-ins).
         reward_errors: 'raise' (RewardError naming the function, completion and cause) or 'skip'.
         **extra: further keywords for every function (completion_ids, max_completion_length, ...).
@@ -300,8 +307,10 @@ def score_responses(reward_funcs: Sequence[tuple[str, Callable, float]], prompts
     per_func: dict[str, torch.Tensor] = {}
     weighted: list[torch.Tensor] = []
     step_rewards: list[list[tuple[int, float]]] | None = None
-    for name, fn, weight in reward_funcs:
-        out, errors = _call(name, fn, prompts, completions, kwargs, reward_errors)
+    completions = completions_as_messages(prompts, completions)  # chat prompts: TRL's message completions
+    awaited = run_async_batches([fn for _, fn, _ in reward_funcs], prompts, completions, kwargs)
+    for (name, fn, weight), batch_out in zip(reward_funcs, awaited):
+        out, errors = _call(name, fn, prompts, completions, kwargs, reward_errors, batch_out)
         failed |= errors
         if getattr(fn, "process", False):
             steps = [_steps(name, v, i, lengths[i]) for i, v in enumerate(out)]

@@ -15,6 +15,7 @@ import torch
 from .models import eval_mode
 
 log = logging.getLogger("grpokit")
+prompt_log = logging.getLogger("grpokit.prompts")  # over-long prompts; evaluation reports them once itself
 
 
 @dataclass
@@ -120,16 +121,18 @@ def encode_prompts(tokenizer, texts: Sequence[str], max_prompt_length: int | Non
                    truncate: str = "left", add_special_tokens: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded prompt ids and mask [B, P]; over-long prompts lose their oldest tokens (or raise)."""
     rows = [tokenizer(t, add_special_tokens=add_special_tokens)["input_ids"] for t in texts]
-    if max_prompt_length is not None:
-        for i, ids in enumerate(rows):
-            if len(ids) > max_prompt_length:
-                if truncate == "error":
-                    raise PromptTooLongError(
-                        f"prompt {i} has {len(ids)} tokens > rollout.max_prompt_length={max_prompt_length}: "
-                        "raise the limit or set rollout.truncate_prompt=left")
-                log.warning("prompt %d has %d tokens; keeping its last %d (rollout.max_prompt_length)",
-                            i, len(ids), max_prompt_length)
-                rows[i] = ids[-max_prompt_length:]
+    long = [i for i, ids in enumerate(rows) if max_prompt_length is not None and len(ids) > max_prompt_length]
+    if long:
+        i = long[0]
+        if truncate == "error":
+            raise PromptTooLongError(
+                f"prompt {i} has {len(rows[i])} tokens > rollout.max_prompt_length={max_prompt_length}: "
+                "raise the limit or set rollout.truncate_prompt=left")
+        more = (f"; {len(long) - 1} more of these {len(rows)} prompts were cut the same way"
+                if len(long) > 1 else "")
+        prompt_log.warning("prompt %d has %d tokens; keeping its last %d (rollout.max_prompt_length)%s",
+                           i, len(rows[i]), max_prompt_length, more)  # one line per batch, not per prompt
+        rows = [ids[-max_prompt_length:] for ids in rows]
     P = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([[pad] * (P - len(r)) + r for r in rows], dtype=torch.long)
@@ -199,6 +202,7 @@ def sample_groups(
     generation_batch_size: int = 0,
     greedy: bool = False,
     keep_activations: bool | Callable = False,
+    chat_template_kwargs: dict | None = None,
 ) -> Rollout:
     """Sample G completions for each prompt with the current policy.
 
@@ -217,6 +221,7 @@ def sample_groups(
         keep_activations: attach the lean decoder's projection outputs (`Rollout.activations`, used by
             `grpokit.reuse`) when the fast sampler decodes the whole batch in one call; a function
             decides on the way whether to keep recording (`grpokit.reuse.recording_policy`).
+        chat_template_kwargs: extra keywords for the chat template (task.chat_template_kwargs).
 
     Returns:
         A Rollout with N = B * G rows.
@@ -224,7 +229,8 @@ def sample_groups(
     from . import sampler
 
     chat = [isinstance(p, list) for p in prompts]
-    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) if c else p
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
+                                           **(chat_template_kwargs or {})) if c else p
              for p, c in zip(prompts, chat)]
     prompt_ids, prompt_mask = encode_prompts(tokenizer, texts, max_prompt_length, truncate_prompt,
                                              add_special_tokens=not any(chat))

@@ -24,16 +24,20 @@ from typing import Any, Callable
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, run_dir
 from .advantages import group_advantages, process_advantages
+from .callbacks import TrainHooks
 from .config import GRPOConfig
 from .data import PromptStream
 from .distributed import Distributed, Silent
 from .loss import k3_kl
 from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
 from .lora import is_peft_model, reference_for, save_lora
+from .model_card import write_model_card
 from .models import load_model_and_tokenizer, sync_reference
 from .native import keep_freed_memory
+from .precision import apply_precision, reference_storage
+from .preflight import check_environment, check_prompts
 from .rollout import Rollout, merge_kept_groups, sample_groups
 from .reuse import recording_policy, update_plan
 from .update import forward_logprobs, policy_update, skip_update
@@ -61,6 +65,7 @@ class TrainState:
     dist: Distributed = field(default_factory=Distributed)  # ranks (grpokit.distributed); one process: no-op
     rank_rng: list | None = None     # every rank's RNG state at the last checkpoint (several ranks only)
     rollout_engine: Any = None       # rollout.backend=vllm: the engine (grpokit.vllm_backend), built lazily
+    reward_hooks: dict = field(default_factory=dict)  # TRL's trainer_state / log_metric / log_extra (callbacks.py)
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:
@@ -107,11 +112,12 @@ def build_reward_funcs(cfg: GRPOConfig) -> list[tuple[str, Callable, float]]:
 
 
 def build_state(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list | None = None,
-                eval_examples: list | None = None) -> TrainState:
+                eval_examples: list | None = None, reward_funcs: list | None = None) -> TrainState:
     """Load the policy (or take the given one), its frozen reference (only when beta > 0), data, rewards.
 
     train_examples / eval_examples: objects with .prompt, .answer, .columns (grpokit.tasks.Example);
-    when None they come from the configured task.
+    when None they come from the configured task. reward_funcs: (name, fn, weight) triples; None: from
+    cfg.reward.funcs.
     """
     dist = Distributed.from_env(cfg.run.fsdp)  # torchrun / accelerate launch: N ranks; else a no-op
     dist.check(cfg.rollout.prompts_per_step)
@@ -119,8 +125,9 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: lis
     keep_freed_memory()                                      # no page faults re-growing each pass's activations
     if model is None:
         model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
+    apply_precision(model, cfg)                              # fp32, or bf16 compute on fp32 master weights (logged)
     # beta = 0: no reference at all; LoRA: the base with adapters disabled (no copy of the weights)
-    ref = reference_for(model) if cfg.loss.beta > 0 else None
+    ref = reference_storage(reference_for(model), model) if cfg.loss.beta > 0 else None
     dist.prepare(model)                                      # DDP or FSDP2 (same object back)
     if ref is not None:
         dist.prepare(ref, trainable=False)                   # sharded under FSDP, a plain replica under DDP
@@ -142,7 +149,7 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: lis
         from .ppo import build_critic
 
         critic = build_critic(model, cfg)
-    return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, build_reward_funcs(cfg),
+    return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, reward_funcs or build_reward_funcs(cfg),
                       dist.shard_stream(PromptStream(train, cfg.run.seed)), evals, critic=critic, dist=dist)
 
 
@@ -165,11 +172,12 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
             rollout = sample_groups(state.model, state.tokenizer, [ex.prompt for ex in examples], r.num_generations,
                                     r.max_completion_length, r.temperature, r.top_p, r.top_k, r.max_prompt_length,
                                     r.truncate_prompt, r.backend, generation_batch_size=r.generation_batch_size,
+                                    chat_template_kwargs=cfg.task.chat_template_kwargs,
                                     keep_activations=recording_policy(cfg, state.dist.world_size, state.model))
     with timer("reward"):
         columns = _reward_columns(examples, r.num_generations)
         ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
-        extra: dict[str, Any] = dict(completion_ids=ids, **reward_kwargs(cfg))
+        extra: dict[str, Any] = dict(completion_ids=ids, **reward_kwargs(cfg), **state.reward_hooks)
         if any(getattr(fn, "process", False) for _, fn, _ in state.reward_funcs):
             extra["completion_char_ends"] = [token_char_ends(state.tokenizer, row) for row in ids]
         scores = score_responses(state.reward_funcs, rollout.prompts, rollout.completions, columns,
@@ -296,6 +304,7 @@ def save_final(state: TrainState, out_dir: str | Path) -> Path:
             state.model.save_pretrained(tmp)
         state.tokenizer.save_pretrained(tmp)
         (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
+        write_model_card(tmp, state.cfg, state.cfg.run.output_dir, {n: w for n, _, w in state.reward_funcs})
     return out
 
 
@@ -307,12 +316,14 @@ def _log_bad_batch(state: TrainState, rollout: Rollout, what: str) -> None:
 
 
 def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list | None = None,
-               eval_examples: list | None = None, hooks: dict[str, Callable] | None = None) -> TrainState:
+               eval_examples: list | None = None, hooks: dict[str, Callable] | None = None,
+               callbacks: TrainHooks | list | None = None, reward_funcs: list | None = None) -> TrainState:
     """[H] The GRPO loop: fresh samples every step, one metrics.jsonl row per step, evaluation before
     and after (when run.eval_limit != 0), checkpoints every run.save_steps, the final model saved with
     save_pretrained into run.output_dir/final.
 
-    hooks (tests only): {"after_step": fn(state, metrics)}.
+    hooks (tests only): {"after_step": fn(state, metrics)}. callbacks: transformers-style TrainerCallbacks
+    (or a `grpokit.callbacks.TrainHooks`); reward_funcs: (name, fn, weight) triples instead of cfg's.
     """
     from tqdm import tqdm
 
@@ -323,13 +334,19 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
     hooks = hooks or {}
     out_dir = Path(cfg.run.output_dir)
     resolve_report_to(cfg.run.report_to)  # a missing tracker package fails now, not after loading the model
+    check_environment(cfg)                 # the device and optional packages too (grpokit.preflight)
     dist = Distributed.from_env(cfg.run.fsdp)  # several ranks: only rank 0 writes, evaluates and saves
     if dist.is_main:
-        checkpoint.prepare_output_dir(cfg)
+        run_dir.check_output_dir(cfg)   # refuse a busy or unwritable folder now, deleting nothing
     else:
         log.setLevel(logging.WARNING)
+    state = build_state(cfg, model, tokenizer, train_examples, eval_examples, reward_funcs)
+    check_prompts(cfg, state.tokenizer, state.stream.examples, state.eval_examples)  # chat template, lengths
+    events = callbacks if isinstance(callbacks, TrainHooks) else TrainHooks(cfg, callbacks)
+    state.reward_hooks = events.reward_kwargs()
+    if dist.is_main:  # everything loaded: only now may --overwrite clear the previous run
+        run_dir.prepare_output_dir(cfg)
     dist.barrier()
-    state = build_state(cfg, model, tokenizer, train_examples, eval_examples)
     resumed = state.dist.resume(state, out_dir)
     main = state.dist.is_main
     if main:
@@ -337,8 +354,9 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
     writer = MetricsWriter(out_dir / "metrics.jsonl", start_step=state.step) if main else Silent()
     loggers = build_loggers(cfg.run.report_to, out_dir, cfg.to_dict(), start_step=state.step) if main else Silent()
     tracker = Tracker.from_config(cfg, out_dir, state.step, state.stream.examples, loggers) if main else Silent()
+    events.train_begin(state)
     if not resumed and state.eval_examples:
-        loggers.log_eval(_evaluate_and_log(state, writer, "before"))
+        loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, "before")))
     timer = PhaseTimer()
     bar = tqdm(total=cfg.run.max_steps, initial=state.step, disable=not (cfg.run.progress and main), desc="grpo",
                dynamic_ncols=True)
@@ -351,9 +369,11 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
                             and state.bad_steps < cfg.run.max_bad_steps):
                         # the row is written after the save: the checkpoint keeps it for a kill in between
                         state.dist.save_checkpoint(state, out_dir, metrics_row=metrics)  # one process: checkpoint.py
+                        events.save(out_dir / f"checkpoint-{state.step}")
                 with timer("log"):
                     finish_step_row(metrics, timer)  # time/<phase> so far, tokens/s, peak memory
-                    writer.write(metrics)
+                    metrics.update(events.step_metrics())  # what reward functions sent to log_metric
+                    writer.write({**metrics, **events.step_extras()})
                     loggers.log(metrics, state.step)
                     bar.update(1)
                     bar.set_postfix_str(format_console(metrics, short=True))
@@ -366,6 +386,8 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
             timer.pop()
             if "after_step" in hooks:
                 hooks["after_step"](state, metrics)
+            if events.step_end(state, metrics):  # a callback set control.should_training_stop
+                break
             if state.bad_steps >= cfg.run.max_bad_steps:
                 good = checkpoint.list_checkpoints(out_dir)
                 raise FloatingPointError(
@@ -374,15 +396,16 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
                     f"{good[-1] if good else f'none (run.save_steps={cfg.run.save_steps})'}")
             if (cfg.run.eval_steps and state.eval_examples and state.step % cfg.run.eval_steps == 0
                     and state.step < cfg.run.max_steps):   # eval_limit = 0: nothing to evaluate, skip
-                loggers.log_eval(_evaluate_and_log(state, writer, f"step{state.step}"))
+                loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, f"step{state.step}")))
         if state.eval_examples:
-            loggers.log_eval(_evaluate_and_log(state, writer, "after"))
+            loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, "after")))
     finally:
         bar.close()
         tracker.finish()
         loggers.close()
     writer.close()
     save_final(state, out_dir / "final")
+    events.train_end(state)
     return state
 
 
@@ -394,7 +417,8 @@ def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:
     with state.dist.unsharded(state.model):  # FSDP: every rank gathers the weights, rank 0 evaluates
         if not state.dist.is_main:
             return {}
-        result = evaluate(state.model, state.tokenizer, state.eval_examples, cfg, limit=cfg.run.eval_limit)
+        result = evaluate(state.model, state.tokenizer, state.eval_examples, cfg, limit=cfg.run.eval_limit,
+                          reward_funcs=state.reward_funcs, reward_extra=state.reward_hooks)
     row = {"tag": tag, "step": state.step, **result}
     with open(Path(cfg.run.output_dir) / "eval.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")

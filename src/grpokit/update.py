@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .logprobs import micro_batches, per_token_logprobs
-from .loss import grpo_objective_from_logprobs, truncated_is_weights
+from .loss import grpo_objective_from_logprobs, logprob_mismatch, truncated_is_weights
 from .metrics import PhaseTimer
 from .reuse import reused_logprobs, update_plan
 from .rollout import Rollout
@@ -69,9 +69,11 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
     num_seqs, num_tokens = total["seqs"], total["tokens"]
     beta = 0.0 if lo.kl_in_reward else lo.beta
     bnpo_scale = 1.0 / total["micro"] if lo.loss_type == "bnpo" else 1.0  # bnpo normalizes per micro-batch
-    use_tis = cfg.rollout.backend == "vllm" and lo.tis_level != "none" and rollout.sampling_logprobs is not None
+    other_sampler = cfg.rollout.backend == "vllm" and rollout.sampling_logprobs is not None
+    use_tis = other_sampler and lo.tis_level != "none"
     token_metrics = ("approx_kl", "mean_ratio", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy",
-                     "tis/mean_weight", "tis/clipped_frac")
+                     "tis/mean_weight", "tis/clipped_frac", "mismatch/abs_logprob_diff_mean")
+    mismatch_max = torch.zeros(())                       # max |logp_old - logp_sampler| over the batch
     logprobs_fn = dist.logprobs_fn(state.model)
     out: dict[str, float] = {}
     for it in range(lo.num_iterations):
@@ -87,10 +89,16 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
             m = loss_mask[rows, :T]
             a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
             tis, tis_mets = None, {}
-            if use_tis:  # another engine sampled: weight by min(pi_old / pi_sampler, cap) (loss.truncated_is_weights)
+            if other_sampler:  # pi_old (the trainer) vs the engine that sampled: measure, then correct
                 base = new_lp.detach() if old_lp is None else old_lp[rows, :T]
-                tis, tis_mets = truncated_is_weights(base, rollout.sampling_logprobs[rows, :T].to(base.device), m,
-                                                     lo.tis_level, lo.tis_cap)
+                sampled = rollout.sampling_logprobs[rows, :T].to(base.device)
+                if it == 0:
+                    tis_mets = logprob_mismatch(base, sampled, m)
+                    worst = tis_mets.pop("mismatch/abs_logprob_diff_max").cpu()
+                    mismatch_max = torch.maximum(mismatch_max, worst)
+            if use_tis:  # weight by min(pi_old / pi_sampler, cap) (loss.truncated_is_weights)
+                tis, weight_mets = truncated_is_weights(base, sampled, m, lo.tis_level, lo.tis_cap)
+                tis_mets.update(weight_mets)
             loss, mets = grpo_objective_from_logprobs(
                 new_lp, None if old_lp is None else old_lp[rows, :T], None if ref_lp is None else ref_lp[rows, :T],
                 m, a, lo.epsilon, beta, clip_eps_high=cfg.epsilon_high, delta=lo.delta, loss_type=lo.loss_type,
@@ -114,6 +122,8 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
         for k, v in sums.items():
             out[k + suffix] = float(v / max(num_tokens, 1.0)) if k in token_metrics else float(v)
         out["grad_norm" + suffix] = grad_norm
+    if other_sampler:
+        out["mismatch/abs_logprob_diff_max"] = float(dist.gather(mismatch_max.view(1)).max())
     return out
 
 

@@ -6,16 +6,19 @@ calls `validate` when it is built, so a bad value never reaches training.
 
 from __future__ import annotations
 
+import re
+import typing
 from typing import TYPE_CHECKING
 
-from .config import ConfigError, _suggest
+from .config import ConfigError, Precision, _suggest
 
 if TYPE_CHECKING:
     from .config import GRPOConfig
 
 CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "task.name": ("arithmetic", "gsm8k", "math500", "jsonl"),
+    "model.precision": typing.get_args(Precision),
+    "task.name": ("arithmetic", "gsm8k", "math500", "jsonl", "hf"),
     "task.format": ("boxed", "r1"),
     "rollout.truncate_prompt": ("left", "error"),
     "rollout.backend": ("auto", "fast", "generate", "vllm"),
@@ -31,6 +34,9 @@ CHOICES = {
 }
 
 
+_DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
+
+
 def _check(ok: bool, msg: str) -> None:
     if not ok:
         raise ConfigError(msg)
@@ -42,6 +48,14 @@ def _check_choices(cfg: GRPOConfig) -> None:
         value = getattr(getattr(cfg, section), name)
         _check(value in options, f"{key} must be one of {', '.join(options)}, got {value!r}"
                f"{_suggest(str(value), options)}")
+
+
+def _check_precision(cfg: GRPOConfig) -> None:
+    m = cfg.model
+    wants = {"fp32": "float32", "bf16": "bfloat16"}.get(m.precision)    # 16-bit weights compute in their dtype
+    _check(m.dtype == "float32" or wants in (None, m.dtype),
+           f"model.precision={m.precision} contradicts model.dtype={m.dtype} (16-bit weights compute in their own "
+           "dtype): set model.dtype=float32 for fp32 master weights, or model.precision=auto")
 
 
 def _check_rollout(cfg: GRPOConfig) -> None:
@@ -65,6 +79,30 @@ def _check_rollout(cfg: GRPOConfig) -> None:
         _check(value >= 0, f"rollout.{name} must be >= 0 (0 = whole batch), got {value}")
         _check(value == 0 or value % r.num_generations == 0,
                f"rollout.{name} ({value}) must be a multiple of num_generations ({r.num_generations})")
+
+
+def _check_vllm(cfg: GRPOConfig) -> None:
+    """rollout.backend=vllm: what grpokit.vllm_engine cannot drive, refused before any engine starts."""
+    r = cfg.rollout
+    _check(r.vllm_kv_cache_gib >= 0, f"rollout.vllm_kv_cache_gib must be >= 0 (0 = vLLM's sizing), got "
+           f"{r.vllm_kv_cache_gib}")
+    _check(r.vllm_cpu_threads >= 0,
+           f"rollout.vllm_cpu_threads must be >= 0 (0 = as is), got {r.vllm_cpu_threads}")
+    _check(r.vllm_enforce_eager in (False, True, "auto"),
+           f"rollout.vllm_enforce_eager must be true, false or auto, got {r.vllm_enforce_eager!r}")
+    if r.backend != "vllm":
+        return
+    _check(r.reuse_activations is not True, "rollout.reuse_activations=true needs grpokit's own sampler, "
+           "but rollout.backend=vllm samples elsewhere: set rollout.reuse_activations=auto or false")
+    _check(r.vllm_server_base_url.startswith(("http://", "https://")),
+           f"rollout.vllm_server_base_url must start with http://, got {r.vllm_server_base_url!r}")
+    if r.vllm_mode == "server":
+        for key, value, flag in (("vllm_kv_cache_gib", r.vllm_kv_cache_gib, "--kv-cache-gib"),
+                                 ("vllm_cpu_threads", r.vllm_cpu_threads, "--threads")):
+            _check(not value, f"rollout.{key} sizes a colocated engine; with rollout.vllm_mode=server "
+                   f"pass it to the server (grpokit vllm-serve {flag}) and drop rollout.{key}")
+    _check(cfg.model.dtype != "float16" or r.vllm_mode == "server" or not cfg.model.device.startswith("cpu"),
+           "rollout.backend=vllm on CPU has no float16 kernels: set model.dtype=float32 or bfloat16")
 
 
 def _check_loss(cfg: GRPOConfig) -> None:
@@ -103,6 +141,8 @@ def _check_optim_and_run(cfg: GRPOConfig) -> None:
     _check(o.micro_batch_size == 0 or cfg.batch_size % o.micro_batch_size == 0,
            f"optim.micro_batch_size ({o.micro_batch_size}) must divide the generation batch "
            f"prompts_per_step * num_generations = {cfg.batch_size}")
+    _check(bool(run.output_dir.strip()), "run.output_dir is empty: give a folder for the run, e.g. "
+           "run.output_dir=runs/my-run")
     _check(run.max_steps >= 1, f"run.max_steps must be >= 1, got {run.max_steps}")
     for name in ("logging_steps",):
         _check(getattr(run, name) >= 1, f"run.{name} must be >= 1, got {getattr(run, name)}")
@@ -128,6 +168,12 @@ def _check_reward_model_task(cfg: GRPOConfig) -> None:
     _check(cfg.reward.step_correct_reward > cfg.reward.step_wrong_reward,
            f"reward.step_correct_reward ({cfg.reward.step_correct_reward}) must be > reward.step_wrong_reward "
            f"({cfg.reward.step_wrong_reward}): a right step must earn more than a wrong one")
+    device = cfg.model.device
+    _check(_DEVICE.fullmatch(device) is not None, f"model.device must be auto, cpu, cuda, cuda:N or mps, "
+           f"got {device!r}{_suggest(device, ('auto', 'cpu', 'cuda', 'mps'))}")
+    _check(bool(cfg.model.lora_target_modules) or not cfg.model.lora_r,
+           "model.lora_target_modules is empty: name the modules LoRA wraps, e.g. "
+           "q_proj,k_proj,v_proj,o_proj")
     _check(cfg.model.lora_r >= 0, f"model.lora_r must be >= 0 (0 = full fine-tuning), got {cfg.model.lora_r}")
     _check(not (cfg.model.lora_r and lo.ref_model_sync_steps),
            "loss.ref_model_sync_steps needs full fine-tuning: with model.lora_r > 0 the reference is the base "
@@ -144,5 +190,5 @@ def _check_reward_model_task(cfg: GRPOConfig) -> None:
 
 def validate(cfg: GRPOConfig) -> None:
     """Every check; each failure is one line naming the field and the fix."""
-    for check in (_check_choices, _check_rollout, _check_loss, _check_optim_and_run, _check_reward_model_task):
+    for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_loss, _check_optim_and_run, _check_reward_model_task):
         check(cfg)

@@ -2,140 +2,58 @@
 
 Two placements (rollout.vllm_mode):
 
-    colocate  each training process holds a vLLM `LLM` engine on its own GPU, limited to
-              rollout.vllm_gpu_memory_utilization of the memory. Per step: wake_up -> load the current
-              weights (in-process, no copy over a network) -> generate -> sleep (KV cache and weights
-              offloaded, the memory goes back to training).
-    server    a separate `grpokit vllm-serve` process on other GPUs; rank 0 pushes the weights after
+    colocate  each training process holds a vLLM `LLM` engine (grpokit.vllm_engine) on its own device,
+              within rollout.vllm_gpu_memory_utilization (GPU) or rollout.vllm_kv_cache_gib (CPU). Per
+              step: wake_up -> sync the weights of this step (in-process, no copy over a network) ->
+              generate -> sleep (where the platform has sleep mode: the memory goes back to training).
+    server    a separate `grpokit vllm-serve` process (its own devices); rank 0 pushes the weights after
               each update (safetensors over HTTP), every rank sends its own prompts.
 
 The tokens come with vLLM's own log-probs (`Rollout.sampling_logprobs`): the distribution they were
 drawn from. vLLM computes them with other kernels (and often another precision) than the trainer, so
 pi_sampler != pi_old; the trainer corrects this with truncated importance sampling
-(loss.truncated_is_weights, loss.tis_level / loss.tis_cap) and reports tis/mean_weight, tis/clipped_frac.
+(loss.truncated_is_weights, loss.tis_level / loss.tis_cap) and reports tis/mean_weight,
+tis/clipped_frac and the measured mismatch tis/logprob_diff_mean, tis/logprob_diff_max per step.
 
-Any object with the `GenerationEngine` methods can stand in for vLLM (the tests use a CPU stand-in).
+Any object with the `GenerationEngine` methods can stand in for vLLM (tests/test_vllm_backend.py uses a
+CPU stand-in; tests/test_vllm_real.py drives a real engine).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import tempfile
 import urllib.request
-from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors.torch import save, save_file
 
 from .rollout import Rollout, completion_mask_from_ids, encode_prompts, eos_token_ids
+from .vllm_engine import (
+    INSTALL_HINT,
+    GenerationEngine,
+    Sample,
+    SamplingSpec,
+    VLLMEngine,
+    VLLMError,
+    policy_weights,
+    require_vllm,
+)
+
+__all__ = ["INSTALL_HINT", "GenerationEngine", "Sample", "SamplingSpec", "ServerEngine", "VLLMEngine",
+           "VLLMError", "VLLMRollouts", "build_rollouts", "in_process_backend", "rollout_from_samples", "vllm_sample"]
 
 log = logging.getLogger("grpokit")
-
-INSTALL_HINT = "rollout.backend=vllm needs vLLM: pip install 'grpokit[vllm]' (CUDA GPU), or use rollout.backend=auto"
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    """What to sample: n completions per prompt from temperature / top-p / top-k, at most max_tokens."""
-
-    n: int
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0                 # 0 keeps all tokens
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-
-
-@dataclass
-class Sample:
-    """One completion: its token ids (EOS included when it stopped there) and their sampling log-probs."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-
-
-class GenerationEngine(Protocol):
-    """The four calls grpokit makes on a generation engine (vLLM, the HTTP client, or a test stand-in)."""
-
-    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Sample]]:
-        """spec.n samples for each prompt (unpadded token ids), in prompt order."""
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights with these (Hugging Face parameter names)."""
-
-    def sleep(self) -> None:
-        """Free the engine's GPU memory until `wake_up` (colocated mode)."""
-
-    def wake_up(self) -> None:
-        """Take the GPU memory back."""
-
-
-def require_vllm():
-    """The vllm module, or a one-line ImportError saying how to get it."""
-    try:
-        import vllm
-    except ImportError:
-        raise ImportError(INSTALL_HINT) from None
-    return vllm
 
 
 def in_process_backend() -> str:
     """The sampler `sample_groups` uses when called directly (evaluation) while rollout.backend=vllm."""
     return "auto"
-
-
-class VLLMEngine:
-    """A colocated vLLM `LLM` engine (also what `grpokit vllm-serve` serves).
-
-    Log-probs are requested as "processed" (after temperature, top-k and top-p): the distribution the
-    tokens were actually drawn from, which is the denominator the importance weight needs.
-    """
-
-    def __init__(self, model_path: str, gpu_memory_utilization: float = 0.3, dtype: str = "auto",
-                 seed: int = 0, max_model_len: int | None = None, enable_sleep_mode: bool = True) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: weights load here
-        vllm = require_vllm()
-        self._params = vllm.SamplingParams
-        self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, dtype=dtype,
-                            seed=seed, max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode,
-                            logprobs_mode="processed_logprobs")
-        self.sleeping = False
-
-    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Sample]]:
-        outs = []
-        for i, ids in enumerate(prompt_ids):   # one request per prompt: n samples share its prefix cache
-            params = self._params(n=spec.n, max_tokens=spec.max_tokens, temperature=spec.temperature,
-                                  top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else -1, logprobs=0,
-                                  stop_token_ids=list(spec.stop_token_ids),
-                                  seed=None if spec.seed is None else spec.seed + i)
-            outs.append((list(ids), params))
-        results = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in outs], [p for _, p in outs],
-                                    use_tqdm=False)
-        return [[Sample(list(c.token_ids), [step[t].logprob for t, step in zip(c.token_ids, c.logprobs)])
-                 for c in r.outputs] for r in results]
-
-    def _model(self):
-        executor = self.llm.llm_engine.model_executor
-        worker = executor.driver_worker
-        worker = getattr(worker, "worker", worker)      # vLLM v1 wraps the worker once more
-        return worker.model_runner.model
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self._model().load_weights(weights=weights)
-        self.llm.reset_prefix_cache()                   # cached prefixes were computed with the old weights
-
-    def sleep(self) -> None:
-        if not self.sleeping:
-            self.llm.sleep(level=1)                     # offload weights to CPU, drop the KV cache
-            self.sleeping = True
-
-    def wake_up(self) -> None:
-        if self.sleeping:
-            self.llm.wake_up()
-            self.sleeping = False
 
 
 class ServerEngine:
@@ -159,9 +77,7 @@ class ServerEngine:
         return [[Sample(s["token_ids"], s["logprobs"]) for s in group] for group in out["samples"]]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        from safetensors.torch import save
-
-        blob = save({k: v.detach().cpu().clone() for k, v in weights})   # clone: tied weights share storage
+        blob = save({k: v.detach().cpu().contiguous().clone() for k, v in weights})   # no shared storage
         self._post("/load_weights", blob, "application/octet-stream")
 
     def sleep(self) -> None:          # the server owns its GPUs: nothing to free here
@@ -226,11 +142,12 @@ class VLLMRollouts:
             self.engine.wake_up()
         if self.synced_step != state.step:
             if self.push_weights:
-                self.engine.load_weights(state.model.state_dict().items())
+                self.engine.load_weights(policy_weights(state.model))   # LoRA merged in
             state.dist.barrier()          # server mode: nobody samples before rank 0 has pushed
             self.synced_step = state.step
         chat = [isinstance(p, list) for p in prompts]
-        texts = [state.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) if c else p
+        texts = [state.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
+                                                     **state.cfg.task.chat_template_kwargs) if c else p
                  for p, c in zip(prompts, chat)]
         p_ids, p_mask = encode_prompts(state.tokenizer, texts, r.max_prompt_length, r.truncate_prompt,
                                        add_special_tokens=not any(chat))
@@ -248,16 +165,27 @@ class VLLMRollouts:
 
 def build_rollouts(state: Any) -> VLLMRollouts:
     """The configured engine: a colocated vLLM started from the current policy, or the server client."""
-    r = state.cfg.rollout
+    r, m = state.cfg.rollout, state.cfg.model
     if r.vllm_mode == "server":
         return VLLMRollouts(ServerEngine(r.vllm_server_base_url), colocate=False, push_weights=state.dist.is_main)
     require_vllm()
-    folder = tempfile.mkdtemp(prefix="grpokit-vllm-")       # vLLM starts from a save_pretrained folder
-    state.model.save_pretrained(folder)
-    state.tokenizer.save_pretrained(folder)
-    engine = VLLMEngine(folder, r.vllm_gpu_memory_utilization, state.cfg.model.dtype, state.cfg.run.seed,
-                        max_model_len=r.max_prompt_length + r.max_completion_length)
+    with tempfile.TemporaryDirectory(prefix="grpokit-vllm-") as folder:   # vLLM starts from a plain HF folder
+        save_plain_folder(state.model, state.tokenizer, Path(folder))
+        engine = VLLMEngine(folder, dtype=m.dtype, seed=state.cfg.run.seed,
+                            max_model_len=r.max_prompt_length + r.max_completion_length,
+                            gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+                            kv_cache_gib=r.vllm_kv_cache_gib, cpu_threads=r.vllm_cpu_threads,
+                            enforce_eager=r.vllm_enforce_eager)
     return VLLMRollouts(engine, colocate=True, synced_step=state.step)
+
+
+def save_plain_folder(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
+    """The policy as a folder vLLM loads: config, one safetensors file (LoRA merged), the tokenizer."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.config.save_pretrained(folder)
+    save_file({k: v.detach().cpu().contiguous().clone() for k, v in policy_weights(model)},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(folder)
 
 
 def vllm_sample(state: Any, prompts: Sequence[Any]) -> Rollout:

@@ -4,7 +4,8 @@
     text = prompt_text(examples[0], tokenizer)                  # what the policy is prompted with
 
 Built-in tasks (`task.name`): ``arithmetic`` (generated offline from `task.seed`), ``gsm8k``,
-``math500`` and ``jsonl`` (any file with `task.prompt_column` and `task.answer_column`).
+``math500``, ``jsonl`` (any file with `task.prompt_column` and `task.answer_column`) and ``hf``
+(TRL-format data read with `datasets`, taken as it is: `grpokit.tasks.hf`).
 
 Prompting is the same for every task. The question is followed by an instruction when
 `task.format` is ``r1`` (think inside ``<think> </think>``, then box the answer) or when
@@ -24,6 +25,7 @@ from grpokit.config import TaskConfig
 from grpokit.tasks.arithmetic import arithmetic_problems
 from grpokit.tasks.base import Example, Problem, TaskError
 from grpokit.tasks.files import LOADERS
+from grpokit.tasks.hf import hf_examples
 
 BOXED_INSTRUCTION = "Put the final answer in \\boxed{}."
 R1_INSTRUCTION = "Think step by step inside <think> </think> tags, then put the final answer in \\boxed{}."
@@ -119,6 +121,8 @@ def load_examples(task: TaskConfig, split: str) -> list[Example]:
     Raises:
         TaskError: missing data, a malformed row (naming file and line), or an empty split.
     """
+    if task.name == "hf":  # TRL-format rows: prompts and columns as they are (no instruction, no few-shot)
+        return hf_examples(task, split)
     problems = _problems(task, split)
     if not problems:
         raise TaskError(f"task {task.name}: split '{split}' has no examples: check task.path / the split name")

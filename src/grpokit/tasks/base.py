@@ -32,12 +32,22 @@ class Problem(NamedTuple):
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(where, row) for each non-blank line; `where` is 'path line N' for error messages."""
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    """(where, row) for each non-blank line; `where` is 'path line N' for error messages.
+
+    Raises:
+        TaskError: a line that is not UTF-8, not JSON or not an object; a file with no rows at all.
+    """
+    rows = 0
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path} line {lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TaskError(f"{where}: not UTF-8 text (byte {e.start} of the line): save the file as "
+                                "UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{path} line {lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
@@ -45,7 +55,11 @@ def read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                                 f"fix or remove the line") from None
             if not isinstance(row, dict):
                 raise TaskError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            rows += 1
             yield where, row
+    if not rows:
+        raise TaskError(f"'{path}' has no examples (the file is empty or holds only blank lines): add one "
+                        "JSON object per line, or point task.path at another file")
 
 
 def text_field(row: dict[str, Any], key: str, where: str, allow_number: bool = False) -> str:

@@ -20,6 +20,13 @@ from grpokit.tasks.base import Problem, TaskError, read_jsonl, text_field
 logger = logging.getLogger(__name__)
 
 HUB = {"gsm8k": ("openai/gsm8k", "main"), "math500": ("HuggingFaceH4/MATH-500", None)}
+# Lengths (tokens) each file task brings when it replaces the built-in demo's arithmetic (grpokit.cli):
+# GSM8K questions reach ~850 characters (~250 BPE tokens) before any template, MATH-500 problems ~1,700
+# and their solutions ~3,400; a jsonl task of unknown shape gets the paper defaults (512 / 256).
+TASK_LENGTHS: dict[str, dict[str, int]] = {
+    "gsm8k": {"rollout.max_prompt_length": 512, "rollout.max_completion_length": 512},
+    "math500": {"rollout.max_prompt_length": 1024, "rollout.max_completion_length": 1024},
+}
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
 
 

@@ -1,0 +1,110 @@
+"""What a TRL program hands the trainer, made into grpokit's: datasets -> Examples, reward_funcs ->
+(name, function, weight) triples, a model path or object -> a policy and its tokenizer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.config import ConfigError
+from grpokit.lora import is_peft_model
+from grpokit.reward_models import RewardModel
+from grpokit.rewards import get_reward_function
+from grpokit.tasks.hf import examples_from_rows
+
+
+def is_iterable_dataset(data: Any) -> bool:
+    return type(data).__name__ == "IterableDataset"
+
+
+def dataset_examples(data: Any, limit: int | None = None, where: str = "train_dataset") -> list:
+    """A datasets.Dataset / IterableDataset (first `limit` rows) / list of dicts as grpokit Examples."""
+    if data is None:
+        raise ConfigError(f"{where} is required: give a datasets.Dataset or a list of dicts with a 'prompt'")
+    if isinstance(data, dict) or type(data).__name__ == "DatasetDict":
+        raise ConfigError(f"{where} is a DatasetDict: pass one split, e.g. dataset['train']")
+    rows = itertools.islice(iter(data), limit) if is_iterable_dataset(data) else (
+        data.to_list() if hasattr(data, "to_list") else list(data))
+    return examples_from_rows(rows, where=where)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    out, i = name, 2
+    while out in taken:
+        out, i = f"{name}_{i}", i + 1
+    taken.add(out)
+    return out
+
+
+def _as_function(item: Any, processing_class: Any) -> tuple[str, Callable]:
+    """One entry of reward_funcs as (name, callable)."""
+    if isinstance(item, (str, Path)):
+        fn = get_reward_function(str(item))  # a built-in name, 'module:function' or a reward-model folder
+        return (fn.__name__ if isinstance(fn, RewardModel) else str(item)), fn
+    if isinstance(item, torch.nn.Module):  # a sequence-classification reward model, as in TRL
+        if processing_class is None:
+            from transformers import AutoTokenizer
+
+            processing_class = AutoTokenizer.from_pretrained(item.config._name_or_path)
+        fn = RewardModel(item, processing_class)
+        return fn.__name__, fn
+    if callable(item):
+        return getattr(item, "__name__", type(item).__name__), item
+    raise ConfigError(f"reward_funcs entry {item!r:.60} is not a function, a reward model or a path: "
+                      "give a callable(prompts, completions, **kwargs)")
+
+
+def reward_triples(reward_funcs: Any, weights: list | None,
+                   processing_classes: Any) -> list[tuple[str, Callable, float]]:
+    """TRL's reward_funcs (one or a list) and reward_weights as grpokit's (name, fn, weight) triples."""
+    items = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not items:
+        raise ConfigError("reward_funcs is empty: give at least one reward function")
+    if weights is not None and len(weights) != len(items):
+        raise ConfigError(f"reward_weights has {len(weights)} values for {len(items)} reward functions: "
+                          "give one weight per function")
+    classes = list(processing_classes) if isinstance(processing_classes, (list, tuple)) else \
+        [processing_classes] * len(items)
+    if len(classes) != len(items):
+        raise ConfigError(f"reward_processing_classes has {len(classes)} entries for {len(items)} reward "
+                          "functions: give one per function (None for plain functions)")
+    taken: set[str] = set()
+    out = []
+    for item, cls, w in zip(items, classes, weights or [1.0] * len(items)):
+        name, fn = _as_function(item, cls)
+        out.append((_unique(name, taken), fn, float(w)))
+    return out
+
+
+def model_name(model: Any) -> str:
+    """A name for the config and the model card: the path it came from, else its class."""
+    base = getattr(model, "base_model", None) if type(model).__name__ == "PeftModel" else None
+    config = getattr(base.model if base is not None else model, "config", None)
+    return str(getattr(config, "_name_or_path", "") or type(model).__name__)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """TRL's disable_dropout: every Dropout module gets p = 0."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
+def wrap_peft(model: torch.nn.Module, peft_config: Any) -> torch.nn.Module:
+    """The model with the adapters of a peft config (a LoraConfig, ...): only they train."""
+    if peft_config is None or is_peft_model(model):
+        return model
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError("peft_config needs peft: pip install 'grpokit[peft]'") from None
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.enable_input_require_grads()   # else checkpointed blocks of frozen weights pass no gradient on
+    wrapped = peft.get_peft_model(model, peft_config)
+    wrapped.train()
+    return wrapped
