@@ -101,3 +101,24 @@ def test_gradcheck_float64():
     adv = torch.randn(N, generator=g, dtype=torch.float64)
     fn = lambda x: grpo_objective_from_logprobs(x, old, ref, mask, adv, 0.2, 0.04)[0]  # noqa: E731
     assert torch.autograd.gradcheck(fn, (new,), eps=1e-6, atol=1e-5)
+
+
+def test_kl_bias_correction_keeps_the_value_at_mu_1_and_adds_kl_times_dlogp_to_the_gradient():
+    """TRL's use_bias_correction_kl: KL_t <- r_t * k3_t with r_t = exp(new - old) differentiable. At mu = 1
+    (old = new.detach()) r = 1, so the loss is unchanged, but d(r k3)/d new = k3 + dk3/d new: per token the
+    gradient gains k3 = exp(ref - new) - (ref - new) - 1 (hand-derived; advantages 0 isolate the KL term)."""
+    new = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, -0.5]], dtype=torch.float64)
+    mask, adv = torch.ones(1, 3, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    grads, losses = [], []
+    for corrected in (False, True):
+        loss, _ = grpo_objective_from_logprobs(new, None, ref, mask, adv, kl_coef=1.0, kl_bias_correction=corrected)
+        (g,) = torch.autograd.grad(loss, new)
+        grads.append(g)
+        losses.append(loss.detach())
+    d = ref - new.detach()
+    k3 = torch.exp(d) - d - 1.0
+    assert torch.equal(losses[0], losses[1])
+    assert torch.allclose(grads[0], (1.0 - torch.exp(d)) / 3, atol=1e-12)       # plain: dk3/dnew / |o|
+    assert torch.allclose(grads[1] - grads[0], k3 / 3, atol=1e-12)              # corrected: + k3 / |o|
+    assert (grads[1] - grads[0]).abs().max() > 0.1

@@ -131,6 +131,9 @@ class LossConfig:
     scale_rewards: str = _f("group", "group | batch | none (Dr. GRPO: centre only)")
     num_iterations: int = _f(1, "mu: policy updates per generation batch")
     kl_in_reward: bool = _f(False, "subtract beta * KL from the reward instead of the loss")
+    use_bias_correction_kl: bool = _f(False, "weight the per-token KL by the importance ratio (gradient "
+                                      "through it): the unbiased reverse-KL gradient (TRL's default, "
+                                      "DeepSeek-V3.2); False = the paper's k3")
     mask_truncated_completions: bool = _f(False, "completions without EOS contribute no loss")
     ref_model_sync_steps: int = _f(0, "every N steps: ref <- a * policy + (1 - a) * ref; 0 = never")
     ref_model_mixup_alpha: float = _f(1.0, "a in the reference reset (1.0 = the paper's reset)")

@@ -20,6 +20,9 @@ Variants, one named switch each (`aggregate_loss`, `importance_weights`):
                                          completion, clipped once (GSPO)
     delta (optional)                     r_{i,t} <- min(r_{i,t}, delta) in the unclipped branch (bounds the
                                          ratio for negative advantages, two-sided clipping)
+    kl_bias_correction (optional)        KL_{i,t} <- r_{i,t} * KL_{i,t}, r with its gradient (TRL's
+                                         use_bias_correction_kl, DeepSeek-V3.2): the unbiased gradient of
+                                         the reverse KL; at mu = 1 the value is unchanged, the gradient not
 
 Truncated importance sampling (`truncated_is_weights`), for a sampler that is not the trainer (vLLM):
 
@@ -98,6 +101,7 @@ def grpo_objective_from_logprobs(
     num_tokens: float | None = None,
     max_completion_length: int | None = None,
     tis_weights: torch.Tensor | None = None,  # [N, T] or [N, 1] truncated IS weights (vLLM sampler), no grad
+    kl_bias_correction: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped GRPO surrogate minus the k3 KL penalty, per token, aggregated by `loss_type`.
 
@@ -128,7 +132,8 @@ def grpo_objective_from_logprobs(
 
     if ref_logprobs is not None and kl_coef != 0.0:
         kl = k3_kl(new_logprobs, ref_logprobs)                            # [N, T]
-        per_token_loss = per_token_loss + kl_coef * kl
+        kl_term = kl * ratio if kl_bias_correction else kl                # ratio [N, T] or [N, 1]
+        per_token_loss = per_token_loss + kl_coef * kl_term
         approx_kl = _masked_mean(kl.detach(), mask)
     else:
         approx_kl = torch.zeros((), dtype=new_logprobs.dtype)

@@ -192,7 +192,8 @@ def ppo_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, re
             pol_loss, mets = grpo_objective_from_logprobs(
                 new_lp, None if old_lp is None else old_lp[rows, :T], None if ref_lp is None else ref_lp[rows, :T],
                 m, advantages[rows, :T], lo.epsilon, beta, clip_eps_high=cfg.epsilon_high, delta=lo.delta,
-                loss_type=lo.loss_type, importance_sampling_level=lo.importance_sampling_level, **norm)
+                loss_type=lo.loss_type, importance_sampling_level=lo.importance_sampling_level,
+                kl_bias_correction=lo.use_bias_correction_kl, **norm)
             values = state.critic.model(rollout.input_ids[rows], rollout.attention_mask[rows], T_full)[:, :T]
             vf_loss, vmets = clipped_value_loss(values, old_values[rows, :T], returns[rows, :T], m,
                                                 lo.cliprange_value, lo.loss_type, **norm)

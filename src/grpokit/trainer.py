@@ -328,7 +328,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
     from tqdm import tqdm
 
     from .loggers import build_loggers, resolve_report_to
-    from .metrics import MetricsWriter, finish_step_row, format_console
+    from .metrics import MetricsWriter
     from .tracking import Tracker
 
     hooks = hooks or {}
@@ -371,29 +371,13 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
                         state.dist.save_checkpoint(state, out_dir, metrics_row=metrics)  # one process: checkpoint.py
                         events.save(out_dir / f"checkpoint-{state.step}")
                 with timer("log"):
-                    finish_step_row(metrics, timer)  # time/<phase> so far, tokens/s, peak memory
-                    metrics.update(events.step_metrics())  # what reward functions sent to log_metric
-                    writer.write({**metrics, **events.step_extras()})
-                    loggers.log(metrics, state.step)
-                    bar.update(1)
-                    bar.set_postfix_str(format_console(metrics, short=True))
-                    if state.step % cfg.run.logging_steps == 0:
-                        line = f"step {state.step} {format_console(metrics)}"
-                        if cfg.run.progress and main:
-                            tqdm.write(line)  # above the progress bar
-                        else:
-                            log.info(line)
+                    _log_step(state, metrics, timer, writer=writer, loggers=loggers, bar=bar, events=events)
             timer.pop()
             if "after_step" in hooks:
                 hooks["after_step"](state, metrics)
             if events.step_end(state, metrics):  # a callback set control.should_training_stop
                 break
-            if state.bad_steps >= cfg.run.max_bad_steps:
-                good = checkpoint.list_checkpoints(out_dir)
-                raise FloatingPointError(
-                    f"{state.bad_steps} non-finite updates in a row (run.max_bad_steps): lower "
-                    f"optim.learning_rate or check the rewards; last good checkpoint: "
-                    f"{good[-1] if good else f'none (run.save_steps={cfg.run.save_steps})'}")
+            _stop_on_bad_steps(state, out_dir)
             if (cfg.run.eval_steps and state.eval_examples and state.step % cfg.run.eval_steps == 0
                     and state.step < cfg.run.max_steps):   # eval_limit = 0: nothing to evaluate, skip
                 loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, f"step{state.step}")))
@@ -407,6 +391,37 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
     save_final(state, out_dir / "final")
     events.train_end(state)
     return state
+
+
+def _log_step(state: TrainState, metrics: dict, timer: PhaseTimer, *, writer, loggers, bar, events) -> None:
+    """One step's row: metrics.jsonl, the trackers, the progress bar and, every logging_steps, a console line."""
+    from tqdm import tqdm
+
+    from .metrics import finish_step_row, format_console
+
+    finish_step_row(metrics, timer)  # time/<phase> so far, tokens/s, peak memory
+    metrics.update(events.step_metrics())  # what reward functions sent to log_metric
+    writer.write({**metrics, **events.step_extras()})
+    loggers.log(metrics, state.step)
+    bar.update(1)
+    bar.set_postfix_str(format_console(metrics, short=True))
+    if state.step % state.cfg.run.logging_steps == 0:
+        line = f"step {state.step} {format_console(metrics)}"
+        if state.cfg.run.progress and state.dist.is_main:
+            tqdm.write(line)  # above the progress bar
+        else:
+            log.info(line)
+
+
+def _stop_on_bad_steps(state: TrainState, out_dir: Path) -> None:
+    """run.max_bad_steps non-finite updates in a row end the run, naming the last good checkpoint."""
+    if state.bad_steps < state.cfg.run.max_bad_steps:
+        return
+    good = checkpoint.list_checkpoints(out_dir)
+    raise FloatingPointError(
+        f"{state.bad_steps} non-finite updates in a row (run.max_bad_steps): lower "
+        f"optim.learning_rate or check the rewards; last good checkpoint: "
+        f"{good[-1] if good else f'none (run.save_steps={state.cfg.run.save_steps})'}")
 
 
 def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:

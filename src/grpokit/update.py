@@ -103,7 +103,8 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
                 new_lp, None if old_lp is None else old_lp[rows, :T], None if ref_lp is None else ref_lp[rows, :T],
                 m, a, lo.epsilon, beta, clip_eps_high=cfg.epsilon_high, delta=lo.delta, loss_type=lo.loss_type,
                 importance_sampling_level=lo.importance_sampling_level, num_sequences=num_seqs, num_tokens=num_tokens,
-                max_completion_length=cfg.rollout.max_completion_length, tis_weights=tis)
+                max_completion_length=cfg.rollout.max_completion_length, tis_weights=tis,
+                kl_bias_correction=lo.use_bias_correction_kl)
             mets.update(tis_mets)
             loss_finite = loss_finite & torch.isfinite(loss.detach()).cpu()  # one sync per update, below
             (loss * bnpo_scale * dist.grad_scale).backward()    # DDP averages over ranks: x W gives the sum

@@ -257,9 +257,7 @@ _GRPO = {  # trl.GRPOConfig's own fields
     "vllm_importance_sampling_clip_max": Field(3.0, DERIVED, "with use_vllm: loss.tis_cap"),
     "vllm_importance_sampling_clip_min": Field(None, REFUSE, "vllm"),
     "off_policy_mask_threshold": Field(None, REFUSE, "objective"),
-    "use_bias_correction_kl": Field(True, DERIVED, "loss.beta's KL term is the paper's k3 (False); with "
-                                    "beta > 0 TRL's default True (ratio-weighted KL) is not applied, and a "
-                                    "printed note says so"),
+    "use_bias_correction_kl": Field(True, MAP, "loss.use_bias_correction_kl (the KL weighted by the ratio)"),
     "log_completions": Field(False, MAP, "run.log_completions_steps = logging_steps"),
     "log_multimodal": Field(True, SAME, "grpokit trains text-only models"),
     "num_completions_to_print": Field(None, REFUSE, "logging"),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpokit.config import SECTIONS, ConfigError
+from grpokit.loss import LOSS_TYPES
 from grpokit.trl.fields import FIELDS, REASONS, REFUSE
 
 # MAP fields copied as they are: TRL field -> grpokit key.
@@ -29,9 +30,9 @@ COPY = {"learning_rate": "optim.learning_rate", "weight_decay": "optim.weight_de
         "epsilon": "loss.epsilon", "delta": "loss.delta", "epsilon_high": "loss.epsilon_high",
         "importance_sampling_level": "loss.importance_sampling_level",
         "mask_truncated_completions": "loss.mask_truncated_completions",
+        "use_bias_correction_kl": "loss.use_bias_correction_kl",
         "vllm_gpu_memory_utilization": "rollout.vllm_gpu_memory_utilization",
         "vllm_mode": "rollout.vllm_mode"}
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_8bit": "adamw_8bit",
               "adamw_bnb_8bit": "adamw_8bit"}
 SCHEDULERS = {"linear": "linear", "constant": "constant", "constant_with_warmup": "constant"}
@@ -181,9 +182,6 @@ def _objective(v: dict[str, Any], t: Translation) -> None:
     _put(t, "loss.ref_model_sync_steps", int(v["ref_model_sync_steps"]) if sync else 0, "sync_ref_model")
     if sync:
         _put(t, "loss.ref_model_mixup_alpha", float(v["ref_model_mixup_alpha"]), "ref_model_mixup_alpha")
-    if v["beta"] > 0 and v["use_bias_correction_kl"]:
-        t.notes.append("use_bias_correction_kl=True (TRL's default) is not applied: grpokit's KL term is the "
-                       "paper's k3 without the importance-ratio weight")
 
 
 def _optimizer(v: dict[str, Any], t: Translation) -> None:
