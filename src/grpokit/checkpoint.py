@@ -8,6 +8,9 @@ Layout of run.output_dir (see docs/reliability.md):
         trainer_state.pt       optimizer, LR scheduler, RNG states (python, numpy, torch CPU, CUDA),
                                step, data cursor, bad_steps, metrics.jsonl offset (bytes, rows)
         config.json            the resolved config that produced it
+        reward_model.safetensors, reward_loop.pt
+                               run.iterations > 0 only: the learned RM, its optimizer, generator,
+                               iteration counter, replay pool (grpokit.iterative)
         manifest.json          size and sha256 of every file above; written last
     latest                     name of the newest complete checkpoint; rewritten last
 
@@ -32,8 +35,9 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -147,6 +151,8 @@ def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None
                 "metrics_row": None if metrics_row is None else json.dumps(metrics_row, default=float)},
                tmp / STATE_FILE)
     (tmp / "config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
+    if getattr(state, "reward_loop", None) is not None:  # Algorithm 1: the RM, its optimizer, the replay pool
+        state.reward_loop.save(tmp)
     files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
     (tmp / MANIFEST).write_text(json.dumps({"format": 1, "step": state.step, "files": files}, indent=2))
     for p in tmp.iterdir():
@@ -326,6 +332,8 @@ def load_checkpoint(state, folder: Path) -> dict[str, Any]:
     state.skipped_updates = blob.get("skipped_updates", 0)
     ranks, dist = blob.get("rank_rng") or [], getattr(state, "dist", None)  # distributed: each rank its own
     set_rng_state(ranks[dist.rank] if dist is not None and len(ranks) == dist.world_size > 1 else blob["rng"])
+    if getattr(state, "reward_loop", None) is not None:
+        state.reward_loop.load(folder)
     return blob
 
 
@@ -352,7 +360,7 @@ def resume_if_requested(state, out_dir: str | Path) -> bool:
             raise CheckpointError(f"--resume: '{out}' holds no complete checkpoint{damaged}: set run.resume=auto "
                                   "to start fresh when there is none, or use --overwrite")
         log.info("run.resume=auto: no complete checkpoint in %s%s; starting from step 0", out, damaged)
-        for name in (METRICS_FILE, "eval.jsonl"):
+        for name in (METRICS_FILE, "eval.jsonl", "iterations.jsonl"):
             (out / name).unlink(missing_ok=True)
         return False
     saved = json.loads((folder / "config.json").read_text())

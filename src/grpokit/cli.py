@@ -43,6 +43,7 @@ DEMO_TASK_KEYS = ("task.operators", "task.num_train", "task.num_eval", "rollout.
 SUBCOMMANDS = {  # name -> module with main(argv) -> int, for the commands that live beside their code
     "eval": "grpokit.evaluate", "sft": "grpokit.sft", "plot": "grpokit.plots", "report": "grpokit.report",
     "bench": "grpokit.bench", "vllm-serve": "grpokit.vllm_serve", "sweep": "grpokit.sweep",
+    "rm": "grpokit.rm_cli",
 }
 
 

@@ -112,7 +112,7 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    funcs: dict = _f({"rule": 1.0}, "reward name or 'module:function' -> weight")
+    funcs: dict = _f({"rule": 1.0}, "reward name, 'module:function' or 'rm:PATH' (a learned reward model) -> weight")
     reward_errors: str = _f("raise", "raise (stop, naming the function) | skip (score None, count it)")
     overlong_buffer: int = _f(0, "DAPO soft overlong punishment: penalty ramps over the last N tokens")
     overlong_penalty: float = _f(1.0, "penalty at the length limit for the overlong shaping")
@@ -180,10 +180,38 @@ class RunConfig:
     progress: bool = _f(True, "show a progress bar")
     fsdp: bool = _f(False, "with several ranks (torchrun): shard weights, gradients and optimizer state "
                     "with PyTorch FSDP2 instead of replicating them (DDP)")
+    iterations: int = _f(0, "Algorithm 1: I outer iterations, each: reference <- policy, M policy steps, then "
+                         "continual training of the rm: reward on the iteration's samples; 0 = off")
+    steps_per_iteration: int = _f(0, "Algorithm 1: M policy steps per iteration (run.max_steps = I * M)")
+
+
+@dataclass
+class RMConfig:
+    """Learned reward models (`rm:PATH` in reward.funcs) and their continual training (Algorithm 1)."""
+
+    batch_size: int = _f(32, "texts per reward-model forward pass")
+    device: str = _f("auto", "where the reward model runs: auto (the policy's device) | cpu | cuda | cuda:N")
+    precision: str = _f("fp32", "reward-model compute: fp32 | bf16")
+    transform: str = _f("none", "score squash: none (the raw logit, as TRL) | sigmoid (a probability in (0, 1))")
+    step_separator: str = _f("\n", "process RM: the text between separators is one step (e.g. a newline, "
+                             "'. ' or a step tag)")
+    max_length: int = _f(0, "longest reward-model input in tokens (prompt + completion); 0 = the model's "
+                         "max_position_embeddings; a longer input is an error")
+    continual_training: bool = _f(True, "Algorithm 1: train the RM after each iteration; false = a frozen RM "
+                                  "(the comparison), the reference still reset each iteration")
+    replay_share: float = _f(0.1, "Algorithm 1: share of historical samples in each continual-training mix")
+    learning_rate: float = _f(1e-4, "Algorithm 1: reward-model AdamW learning rate")
+    epochs: int = _f(1, "Algorithm 1: passes over each iteration's training mix")
+    train_batch_size: int = _f(32, "Algorithm 1: samples per reward-model optimizer step")
+    objective: str = _f("pointwise", "pointwise (binary cross-entropy on verifier labels) | pairwise (Bradley-Terry "
+                   "on right/wrong pairs of one prompt)")
+    step_labels: str = _f("verifier", "process RM labels: verifier (the arithmetic step checker; the final "
+                          "step by the answer) | mc (Math-Shepherd: a step is good if a rollout from it is right)")
+    mc_rollouts: int = _f(4, "step_labels=mc: completions sampled from each step prefix")
 
 
 SECTIONS = {"model": ModelConfig, "task": TaskConfig, "rollout": RolloutConfig,
-            "reward": RewardConfig, "loss": LossConfig, "optim": OptimConfig, "run": RunConfig}
+            "reward": RewardConfig, "loss": LossConfig, "optim": OptimConfig, "run": RunConfig, "rm": RMConfig}
 
 # Presets fill defaults before the user's keys: an explicit key always wins.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -206,10 +234,13 @@ class GRPOConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    rm: RMConfig = field(default_factory=RMConfig)
     preset: str | None = None
 
     def __post_init__(self) -> None:
-        from .validation import validate  # the checks live beside, one function per concern
+        from .validation import (
+            validate,  # the checks live beside, one function per concern
+        )
 
         validate(self)
 
@@ -417,5 +448,7 @@ def config_reference() -> str:
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             meaning = f.metadata["help"].replace("|", "\\|")  # a bare | would split the table cell
+            if isinstance(default, str) and any(c in default for c in "\n\t\r"):
+                default = repr(default)  # a newline (rm.step_separator) would end the table row
             rows.append(f"| `{s}.{f.name}` | `{default}` | {meaning} |")
     return "\n".join(rows)

@@ -22,14 +22,21 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Iterator
-from typing import Any, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
 from .config import GRPOConfig
 from .errors import check_out_file, write_text_aside
 from .preflight import check_environment, prompt_tokens
+from .rewards import (
+    REWARDS,
+    build_reward_funcs,
+    reward_kwargs,
+    score_responses,
+    token_char_ends,
+)
 from .rollout import PromptTooLongError, prompt_log
 
 log = logging.getLogger("grpokit")
@@ -64,9 +71,6 @@ def _score(cfg: GRPOConfig, tokenizer, rollout, examples: Sequence, group_size: 
            reward_funcs: list | None = None, reward_extra: dict | None = None) -> dict[str, torch.Tensor]:
     """Per-completion reward (the configured weighted sum), correctness (NaN without an answer column),
     format and each function's score (rewards/<name>): each [N]."""
-    from .rewards import REWARDS, reward_kwargs, score_responses, token_char_ends
-    from .trainer import build_reward_funcs
-
     funcs = reward_funcs or build_reward_funcs(cfg)
     columns = {k: [ex.columns.get(k) for ex in examples for _ in range(group_size)] for k in examples[0].columns}
     ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
@@ -135,6 +139,8 @@ def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int =
         raise ValueError(f"every k must be in [1, num_samples={num_samples}], got {list(ks)}: lower k or raise --samples")
     progress = cfg.run.progress if progress is None else progress
     check_prompt_lengths(tokenizer, examples, cfg)  # one line for every batch: the sampler's own are muted
+    if reward_funcs is None:  # built once: an rm: reward model is loaded once, on the policy's device
+        reward_funcs = build_reward_funcs(cfg, next(model.parameters()).device)
     with _muted(prompt_log):
         greedy = _decode_all(model, tokenizer, examples, cfg, 1, True, progress, "eval greedy", reward_funcs,
                          reward_extra)

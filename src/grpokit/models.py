@@ -128,6 +128,12 @@ def _load_tokenizer(folder: Path, gguf_file: str | None):
     return tok
 
 
+def load_tokenizer(folder: str | Path):
+    """The tokenizer saved in a local model folder, as the policy's is loaded (a plain `tokenizers` one stays
+    generic); a reward-model folder is read this way too."""
+    return _load_tokenizer(Path(folder), None)
+
+
 def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 

@@ -14,6 +14,8 @@ Figures (from metrics.jsonl, plus eval.jsonl's held-out accuracy when present):
     length.png    completion length (mean, min-max band) and the share truncated at the limit
     training.png  loss and policy loss, token entropy, gradient norm, learning rate
     time.png      seconds per step by phase (stacked area, one panel per run) and tokens/s
+    reward_vs_verified.png   runs with a learned reward (rm:PATH) only: its mean beside the verified
+                  accuracy of the same samples and the held-out accuracy (reward hacking shows as a gap)
 
 Smoothing is the debiased exponential moving average TensorBoard uses:
     s_t = w * s_{t-1} + (1 - w) * x_t,  shown as s_t / (1 - w^t);  raw values stay as faint lines.
@@ -24,9 +26,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import UserError, check_out_dir, written_aside
 from .metrics import PHASES, read_metrics
@@ -271,6 +274,12 @@ def time_figure(runs: list[Run], smooth: float):
     return fig
 
 
+# A learned reward (rm.transform=sigmoid puts it on the accuracy's 0-1 scale) beside what the answer
+# checker says of the same samples: the two part ways when the policy exploits the reward model.
+LEARNED_VS_VERIFIED = Panel("Learned reward vs verified accuracy", "mean RM reward / share correct",
+                            [("rewards/*", ""), ("accuracy", "verified accuracy (sampled)")], eval_key="accuracy")
+
+
 def figures(runs: list[Run], smooth: float = DEFAULT_SMOOTH) -> dict[str, Any]:
     """{name: matplotlib Figure} for the given runs (no files, no pyplot state)."""
     out = {}
@@ -280,6 +289,10 @@ def figures(runs: list[Run], smooth: float = DEFAULT_SMOOTH) -> dict[str, Any]:
             _draw_panel(ax, panel, runs, smooth)
         out[name] = fig
     out["time"] = time_figure(runs, smooth)
+    if any(k.startswith("rewards/rm:") for r in runs for k in r.keys()):  # a learned RM: is it hacked?
+        fig, (ax,) = _new_figure(1, "Learned reward vs verified accuracy", runs, smooth)
+        _draw_panel(ax, LEARNED_VS_VERIFIED, runs, smooth)
+        out["reward_vs_verified"] = fig
     return out
 
 

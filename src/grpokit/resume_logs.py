@@ -2,7 +2,7 @@
 
 metrics.jsonl is cut back to its length when the checkpoint was written (keeping, or restoring from
 the checkpoint's copy, the row of the checkpoint's own step); eval.jsonl loses its rows after that
-step. Each step thus stays logged exactly once however a run was killed. Called by
+step (iterations.jsonl too). Each step thus stays logged exactly once however a run was killed. Called by
 `grpokit.checkpoint.resume_if_requested`; see docs/reliability.md.
 """
 
@@ -41,14 +41,16 @@ def _cut_logs(out_dir: Path, step: int, offset: int, pending_row: str | None) ->
             f.write(keep + tail)
             os.fsync(f.fileno())
         os.replace(tmp, metrics)
-    evals = out_dir / "eval.jsonl"
-    if evals.exists():
-        lines = evals.read_text(encoding="utf-8").splitlines()
+    for name in ("eval.jsonl", "iterations.jsonl"):  # per-evaluation and per-iteration rows, tagged by step
+        rows = out_dir / name
+        if not rows.exists():
+            continue
+        lines = rows.read_text(encoding="utf-8").splitlines()
         kept = [ln for ln in lines if _row_step(ln) <= step]
         if len(kept) != len(lines):
-            tmp = evals.with_suffix(".tmp")
+            tmp = rows.with_suffix(".tmp")
             tmp.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
-            os.replace(tmp, evals)
+            os.replace(tmp, rows)
 
 
 def _row_step(line: str) -> float:

@@ -37,9 +37,17 @@ from typing import Any
 import torch
 
 from grpokit.answers import answers_match, extract_answer, extract_boxed
-from grpokit.reward_calls import (RewardError, _as_text, _call, _one_line, _score, _steps, completions_as_messages,
-                                  run_async_batches)
-from grpokit.reward_models import RewardModel
+from grpokit.reward_calls import (
+    RewardError,
+    _as_text,
+    _call,
+    _one_line,
+    _score,
+    _steps,
+    completions_as_messages,
+    run_async_batches,
+)
+from grpokit.reward_models import load_reward_model
 from grpokit.steps import check_steps, token_char_ends  # noqa: F401  (part of this module's API)
 
 
@@ -204,12 +212,15 @@ def _import_module(spec: str, name: str) -> Any:
                           f"check the name and that it is importable (PYTHONPATH)") from None
 
 
-def get_reward_function(name: str) -> Callable:
-    """A reward function by built-in name or import path.
+def get_reward_function(name: str, *, rm: Any = None, policy_device: Any = None) -> Callable:
+    """A reward function by built-in name, import path or learned reward model.
 
     Args:
-        name: a key of `REWARDS`, ``'package.module:function'``, ``'path/to/file.py:function'`` or the
-            folder of a reward model (`grpokit.reward_models.RewardModel`).
+        name: a key of `REWARDS`, ``'package.module:function'``, ``'path/to/file.py:function'``,
+            ``'rm:PATH'`` (a reward-model folder: `grpokit.reward_models.load_reward_model`, outcome or
+            process) or a bare folder (the same).
+        rm: the `grpokit.config.RMConfig` a reward model is loaded with (None: its defaults).
+        policy_device: where the policy runs (rm.device=auto puts the reward model there).
 
     Returns:
         The callable.
@@ -219,8 +230,10 @@ def get_reward_function(name: str) -> Callable:
     """
     if name in REWARDS:
         return REWARDS[name]
-    if Path(name).expanduser().is_dir():  # a reward model folder (sequence classification, one label)
-        return RewardModel.from_path(Path(name).expanduser())
+    if name.startswith("rm:"):  # a learned reward model folder
+        return load_reward_model(name[3:], rm, policy_device=policy_device)
+    if Path(name).expanduser().is_dir():  # a reward model folder without the prefix
+        return load_reward_model(name, rm, policy_device=policy_device)
     if ":" not in name:
         close = difflib.get_close_matches(name, list(REWARDS), n=1, cutoff=0.5)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -235,6 +248,17 @@ def get_reward_function(name: str) -> Callable:
     if not callable(obj):
         raise RewardError(f"reward '{name}': '{attr}' is a {type(obj).__name__}, not a function")
     return obj
+
+
+def build_reward_funcs(cfg: Any,
+                       policy_device: torch.device | None = None) -> list[tuple[str, Callable, float]]:
+    """(name, function, weight) per reward.funcs entry of a `grpokit.config.GRPOConfig`; an 'rm:PATH' reward model is loaded with cfg.rm,
+    on the policy's device when rm.device=auto."""
+    funcs = [(name, get_reward_function(name, rm=cfg.rm, policy_device=policy_device), float(w))
+             for name, w in cfg.reward.funcs.items()]
+    if cfg.reward.overlong_buffer > 0 and "overlong" not in cfg.reward.funcs:
+        funcs.append(("overlong", get_reward_function("overlong"), 1.0))  # DAPO soft overlong punishment
+    return funcs
 
 
 def reward_kwargs(cfg: Any) -> dict[str, Any]:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -30,16 +31,18 @@ from .callbacks import TrainHooks
 from .config import GRPOConfig
 from .data import PromptStream
 from .distributed import Distributed, Silent
+from .iterative import RewardLoop
+from .lora import is_peft_model, reference_for, save_lora
 from .loss import k3_kl
 from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
-from .lora import is_peft_model, reference_for, save_lora
 from .model_card import write_model_card
 from .models import load_model_and_tokenizer, sync_reference
 from .native import keep_freed_memory
 from .precision import apply_precision, reference_storage
 from .preflight import check_environment, check_prompts
-from .rollout import Rollout, merge_kept_groups, sample_groups
 from .reuse import recording_policy, update_plan
+from .rewards import build_reward_funcs
+from .rollout import Rollout, merge_kept_groups, sample_groups
 from .update import forward_logprobs, policy_update, skip_update
 
 log = logging.getLogger("grpokit")
@@ -66,6 +69,7 @@ class TrainState:
     rank_rng: list | None = None     # every rank's RNG state at the last checkpoint (several ranks only)
     rollout_engine: Any = None       # rollout.backend=vllm: the engine (grpokit.vllm_backend), built lazily
     reward_hooks: dict = field(default_factory=dict)  # TRL's trainer_state / log_metric / log_extra (callbacks.py)
+    reward_loop: Any = None  # run.iterations > 0: grpokit.iterative.RewardLoop (Algorithm 1: RM continual training)
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:
@@ -100,15 +104,6 @@ def make_optimizer(model: torch.nn.Module, cfg: GRPOConfig):
         return 1.0
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-def build_reward_funcs(cfg: GRPOConfig) -> list[tuple[str, Callable, float]]:
-    from .rewards import get_reward_function
-
-    funcs = [(name, get_reward_function(name), float(w)) for name, w in cfg.reward.funcs.items()]
-    if cfg.reward.overlong_buffer > 0 and "overlong" not in cfg.reward.funcs:
-        funcs.append(("overlong", get_reward_function("overlong"), 1.0))  # DAPO soft overlong punishment
-    return funcs
 
 
 def build_state(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list | None = None,
@@ -149,8 +144,11 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: lis
         from .ppo import build_critic
 
         critic = build_critic(model, cfg)
-    return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, reward_funcs or build_reward_funcs(cfg),
-                      dist.shard_stream(PromptStream(train, cfg.run.seed)), evals, critic=critic, dist=dist)
+    funcs = reward_funcs or build_reward_funcs(cfg, next(model.parameters()).device)
+    loop = RewardLoop(cfg, funcs) if cfg.run.iterations else None  # Algorithm 1: trains the rm: reward in place
+    return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs,
+                      dist.shard_stream(PromptStream(train, cfg.run.seed)), evals, critic=critic, dist=dist,
+                      reward_loop=loop)
 
 
 def _reward_columns(examples: list, group_size: int) -> dict[str, list]:
@@ -182,6 +180,8 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
             extra["completion_char_ends"] = [token_char_ends(state.tokenizer, row) for row in ids]
         scores = score_responses(state.reward_funcs, rollout.prompts, rollout.completions, columns,
                                  reward_errors=cfg.reward.reward_errors, **extra)
+        if state.reward_loop is not None:  # the RM's next training data, labeled by the verifier
+            state.reward_loop.record(rollout, columns)
         correct = scores.per_func.get("accuracy")
         if correct is None and "answer" in columns:
             acc = REWARDS["accuracy"](rollout.prompts, rollout.completions, **columns)
@@ -364,6 +364,10 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
         while state.step < cfg.run.max_steps:
             with timer("step"):  # phases inside: generate reward ref_forward old_forward advantage update save log
                 metrics = train_step(state, timer, tracker)
+                if state.reward_loop is not None and state.reward_loop.at_boundary(state.step):
+                    with timer("reward_model"):  # Algorithm 1: RM continual training, reference <- policy
+                        row = state.reward_loop.end_iteration(state, out_dir if main else None)
+                    metrics.update({f"iteration/{k}": v for k, v in row.items() if k != "step"})
                 with timer("save"):
                     if (cfg.run.save_steps and state.step % cfg.run.save_steps == 0
                             and state.bad_steps < cfg.run.max_bad_steps):

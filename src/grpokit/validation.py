@@ -31,6 +31,10 @@ CHOICES = {
     "loss.algorithm": ("grpo", "ppo"),
     "optim.lr_scheduler_type": ("constant", "linear"),
     "optim.optim": ("adamw", "adamw_8bit"),
+    "rm.precision": ("fp32", "bf16"),
+    "rm.transform": ("none", "sigmoid"),
+    "rm.objective": ("pointwise", "pairwise"),
+    "rm.step_labels": ("verifier", "mc"),
 }
 
 
@@ -188,7 +192,33 @@ def _check_reward_model_task(cfg: GRPOConfig) -> None:
     _check(t.num_train >= 1 and t.num_eval >= 0, "task.num_train must be >= 1 and task.num_eval >= 0")
 
 
+def _check_reward_models(cfg: GRPOConfig) -> None:
+    rm, run = cfg.rm, cfg.run
+    _check(_DEVICE.fullmatch(rm.device) is not None and rm.device != "mps",
+           f"rm.device must be auto, cpu, cuda or cuda:N, got {rm.device!r}")
+    for name in ("batch_size", "epochs", "train_batch_size", "mc_rollouts"):
+        _check(getattr(rm, name) >= 1, f"rm.{name} must be >= 1, got {getattr(rm, name)}")
+    _check(rm.max_length >= 0, f"rm.max_length must be >= 0 (0 = the model's limit), got {rm.max_length}")
+    _check(bool(rm.step_separator), "rm.step_separator is empty: give the text that ends a step, e.g. '\\n'")
+    _check(0.0 <= rm.replay_share < 1.0, f"rm.replay_share must be in [0, 1), got {rm.replay_share}")
+    _check(rm.learning_rate > 0, f"rm.learning_rate must be > 0, got {rm.learning_rate}")
+    _check(run.iterations >= 0 and run.steps_per_iteration >= 0,
+           "run.iterations and run.steps_per_iteration must be >= 0")
+    if not run.iterations:
+        return
+    learned = [n for n in cfg.reward.funcs if str(n).startswith("rm:")]
+    _check(len(learned) == 1, f"run.iterations={run.iterations} trains one learned reward model: reward.funcs "
+           f"needs exactly one 'rm:PATH' entry, has {len(learned)}")
+    _check(run.steps_per_iteration >= 1, "run.iterations > 0 needs run.steps_per_iteration >= 1 (M)")
+    _check(run.max_steps == run.iterations * run.steps_per_iteration,
+           f"run.max_steps ({run.max_steps}) must equal run.iterations * run.steps_per_iteration "
+           f"({run.iterations * run.steps_per_iteration}): set run.max_steps={run.iterations * run.steps_per_iteration}")
+    _check(not cfg.model.lora_r, "run.iterations resets the reference to the policy: it needs full "
+           "fine-tuning (model.lora_r=0)")
+
+
 def validate(cfg: GRPOConfig) -> None:
     """Every check; each failure is one line naming the field and the fix."""
-    for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_loss, _check_optim_and_run, _check_reward_model_task):
+    for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_loss,
+                  _check_optim_and_run, _check_reward_model_task, _check_reward_models):
         check(cfg)

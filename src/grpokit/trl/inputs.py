@@ -13,7 +13,9 @@ import torch
 
 from grpokit.config import ConfigError
 from grpokit.lora import is_peft_model
-from grpokit.reward_models import RewardModel
+from grpokit.models import load_tokenizer
+from grpokit.process_rm import ProcessRewardModel
+from grpokit.reward_models import RewardModel, reward_model_for
 from grpokit.rewards import get_reward_function
 from grpokit.tasks.hf import examples_from_rows
 
@@ -45,13 +47,11 @@ def _as_function(item: Any, processing_class: Any) -> tuple[str, Callable]:
     """One entry of reward_funcs as (name, callable)."""
     if isinstance(item, (str, Path)):
         fn = get_reward_function(str(item))  # a built-in name, 'module:function' or a reward-model folder
-        return (fn.__name__ if isinstance(fn, RewardModel) else str(item)), fn
-    if isinstance(item, torch.nn.Module):  # a sequence-classification reward model, as in TRL
+        return (fn.__name__ if isinstance(fn, (RewardModel, ProcessRewardModel)) else str(item)), fn
+    if isinstance(item, torch.nn.Module):  # a reward model, as in TRL (token classifier: a process RM)
         if processing_class is None:
-            from transformers import AutoTokenizer
-
-            processing_class = AutoTokenizer.from_pretrained(item.config._name_or_path)
-        fn = RewardModel(item, processing_class)
+            processing_class = load_tokenizer(item.config._name_or_path)
+        fn = reward_model_for(item, processing_class)
         return fn.__name__, fn
     if callable(item):
         return getattr(item, "__name__", type(item).__name__), item
