@@ -12,6 +12,8 @@ from grpokit.config import ConfigError, build_config
 from grpokit.iterative import replay_count, training_mix
 from grpokit.trainer import train_grpo
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # the same reductions in every run: bit-identical on CPU
+
 
 def test_replay_makes_its_share_of_the_mix():
     # 90 new samples at share 0.1: 10 replayed, 10 / (90 + 10) = 0.1 exactly
@@ -59,14 +61,6 @@ def _cfg(out: Path, rm: Path, **over):
               "rm.learning_rate": 1e-2, "rm.train_batch_size": 4, "rm.replay_share": 0.25}
     values.update(over)
     return build_config(values)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same reductions in every run: bit-identical results on CPU
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -149,3 +149,20 @@ def test_report_renders_in_headless_chromium(tmp_path):
                           f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", probe.resolve().as_uri()],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
     assert f"<title>decoded {len(FIGURES)}/{len(FIGURES)}</title>" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_learned_reward_gets_the_reward_vs_verified_figure(tmp_path):
+    from grpokit.plots import LEARNED_VS_VERIFIED, figures
+
+    run = fake_run(tmp_path / "rm_run")
+    assert "reward_vs_verified" not in figures(load_runs([run]))          # rule rewards only: no such figure
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["rewards/rm:runs/rm"] = r.pop("rewards/rule")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figs = figures(load_runs([run]))
+    assert "reward_vs_verified" in figs
+    labels = {t.get_text() for t in figs["reward_vs_verified"].axes[0].get_legend().get_texts()}
+    assert any("rm" in label for label in labels) and any("verified" in label for label in labels)
+    assert LEARNED_VS_VERIFIED.eval_key == "accuracy"
+    assert "reward_vs_verified.png" in {p.name for p in plot_run(run)}

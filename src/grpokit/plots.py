@@ -291,6 +291,8 @@ def figures(runs: list[Run], smooth: float = DEFAULT_SMOOTH) -> dict[str, Any]:
     out["time"] = time_figure(runs, smooth)
     if any(k.startswith("rewards/rm:") for r in runs for k in r.keys()):  # a learned RM: is it hacked?
         fig, (ax,) = _new_figure(1, "Learned reward vs verified accuracy", runs, smooth)
+        fig.set_size_inches(10.0, 5.0)  # one panel: the legend names the runs, the title only the figure
+        fig.suptitle(f"Learned reward vs verified accuracy (smoothing {smooth:g})", fontsize=12)
         _draw_panel(ax, LEARNED_VS_VERIFIED, runs, smooth)
         out["reward_vs_verified"] = fig
     return out
