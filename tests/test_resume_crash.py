@@ -71,12 +71,12 @@ class ForkServer:
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
-    def start(self, out: Path, env: dict | None = None) -> int:
+    def start(self, out: Path, env: dict | None = None, extra: tuple[str, ...] = ()) -> int:
         argv = ["train", "model.name_or_path=builtin:tiny-random", "task.num_train=64", "task.num_eval=8",
                 f"reward.funcs={{{DENSE}: 1.0}}", "rollout.prompts_per_step=2", "rollout.num_generations=4",
                 "rollout.max_completion_length=8", "optim.learning_rate=3e-3", "run.eval_limit=0",
                 "run.progress=false", f"run.max_steps={STEPS}", f"run.save_steps={SAVE}", "run.save_total_limit=2",
-                f"run.output_dir={out}", "run.resume=auto"]
+                f"run.output_dir={out}", "run.resume=auto", *extra]
         out.parent.mkdir(parents=True, exist_ok=True)
         return self._ask({"op": "run", "argv": argv, "env": env or {}, "log": str(out) + ".log"})["pid"]
 
@@ -156,3 +156,38 @@ def test_sigkill_at_three_moments_then_resume_is_bit_identical(server, tmp_path)
     assert [(r["reward_mean"], r["loss"]) for r in rows] == [(r["reward_mean"], r["loss"]) for r in ref_rows]
     assert sum(r["grad_norm"] > 0 for r in rows) == STEPS  # every step moved the weights
     assert "resumed from" in (out.parent / "crashed.log").read_text()
+
+
+def test_sigkill_inside_iterative_mode_then_resume_is_bit_identical(server, tmp_path):
+    """Algorithm 1 (3 iterations x 4 steps, checkpoints every 3 steps, so inside iterations): SIGKILL at a
+    random step, then inside the save of step 9 (after iteration 2's RM update); the restarted run ends
+    with the policy, the reward model and iterations.jsonl of an uninterrupted run."""
+    from grpokit.rm_train import init_reward_model, save_reward_model
+
+    rm_dir = tmp_path / "rm"
+    model, tok = init_reward_model("builtin:tiny-random", "outcome", seed=0)
+    save_reward_model(model, tok, rm_dir, kind="outcome", step_separator="\n", init="builtin:tiny-random", report={})
+    extra = (f"reward.funcs={{rm:{rm_dir}: 1.0}}", "run.iterations=3", "run.steps_per_iteration=4",
+             "rm.learning_rate=1e-2", "rm.train_batch_size=4")
+    seed = random.randrange(10**6)
+    ref_out, out = tmp_path / "reference", tmp_path / "crashed"
+    ref = server.start(ref_out, extra=extra)
+    pid = server.start(out, extra=extra)
+    target = random.Random(seed).randint(2, 7)
+    wait_for(lambda: logged(out) >= target, f"step {target}")
+    assert server.kill(pid) == -signal.SIGKILL
+    pid = server.start(out, env={"GRPOKIT_TEST_PAUSE_IN_SAVE": "60@9"}, extra=extra)
+    wait_for(lambda: (out / ".tmp-checkpoint-9" / "manifest.json").exists(), "the save of step 9")
+    assert server.kill(pid) == -signal.SIGKILL
+    assert_checkpoints_whole(out)
+    assert server.wait(server.start(out, extra=extra)) == 0, (out.parent / "crashed.log").read_text()[-3000:]
+    assert server.wait(ref) == 0, (ref_out.parent / "reference.log").read_text()[-3000:]
+    for name in ("final/model.safetensors", "checkpoint-12/reward_model.safetensors"):
+        a, b = load_file(ref_out / name), load_file(out / name)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{name}: {k} differs (kill seed {seed})"
+    assert (out / "iterations.jsonl").read_text() == (ref_out / "iterations.jsonl").read_text()
+    assert len((out / "iterations.jsonl").read_text().splitlines()) == 3
+    assert not torch.equal(load_file(rm_dir / "model.safetensors")["score.weight"],
+                           load_file(out / "checkpoint-12" / "reward_model.safetensors")["score.weight"])
