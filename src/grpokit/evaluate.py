@@ -89,9 +89,9 @@ def _score(cfg: GRPOConfig, tokenizer, rollout, examples: Sequence, group_size: 
             "length": rollout.completion_mask.sum(-1).float().cpu(), "truncated": rollout.truncated.float().cpu()}
 
 
-def _decode_all(model, tokenizer, examples: Sequence, cfg: GRPOConfig, group_size: int, greedy: bool,
-                progress: bool, desc: str, reward_funcs: list | None = None,
-                reward_extra: dict | None = None) -> dict[str, torch.Tensor]:
+def decode_and_score(model, tokenizer, examples: Sequence, cfg: GRPOConfig, group_size: int, greedy: bool,
+                     progress: bool, desc: str, reward_funcs: list | None = None,
+                     reward_extra: dict | None = None) -> dict[str, torch.Tensor]:
     """Decode `group_size` completions per example in fixed batches and score them; tensors [N]."""
     from tqdm import tqdm
 
@@ -142,7 +142,7 @@ def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int =
     if reward_funcs is None:  # built once: an rm: reward model is loaded once, on the policy's device
         reward_funcs = build_reward_funcs(cfg, next(model.parameters()).device)
     with _muted(prompt_log):
-        greedy = _decode_all(model, tokenizer, examples, cfg, 1, True, progress, "eval greedy", reward_funcs,
+        greedy = decode_and_score(model, tokenizer, examples, cfg, 1, True, progress, "eval greedy", reward_funcs,
                          reward_extra)
     out = {"num_problems": float(len(examples)), "accuracy": float(greedy["correct"].mean()),
            **{k: float(torch.nanmean(v)) for k, v in greedy.items() if k.startswith("rewards/")},
@@ -152,7 +152,7 @@ def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int =
     if num_samples:
         with torch.random.fork_rng(devices=[]), _muted(prompt_log):
             torch.manual_seed(seed)
-            sampled = _decode_all(model, tokenizer, examples, cfg, num_samples, False, progress, "eval sampled",
+            sampled = decode_and_score(model, tokenizer, examples, cfg, num_samples, False, progress, "eval sampled",
                                   reward_funcs, reward_extra)
         c = sampled["correct"].view(len(examples), num_samples).sum(-1)   # [problems] correct samples
         out.update({"num_samples": float(num_samples), "sampled_accuracy": float(sampled["correct"].mean()),

@@ -15,12 +15,12 @@ import resource
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
-
 
 # The top-level phases of one step, in the order they run: together they cover the "step" timer up to
 # the untimed glue between them (see `finish_step_row`). Nested timers ("optimizer", inside "update")
@@ -119,12 +119,20 @@ def tensor_stats(name: str, x: torch.Tensor) -> dict[str, float]:
             f"{name}_min": float(x.min()), f"{name}_max": float(x.max())}
 
 
-def length_stats(completion_mask: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
+def length_stats(completion_mask: torch.Tensor, truncated: torch.Tensor,
+                 correct: torch.Tensor | None = None) -> dict[str, float]:
     """Completion lengths |o_i| = sum_t mask[i, t] (EOS included): mean/min/max, and frac_truncated,
-    the share of completions that hit max_completion_length without an EOS."""
+    the share of completions that hit max_completion_length without an EOS. With `correct` ([N], 1 right,
+    0 wrong, NaN unknown) also completion_length_correct / _wrong, the mean over each (NaN when none):
+    the length drift of wrong answers that Dr. GRPO attributes to the per-completion mean."""
     lengths = completion_mask.sum(-1).float()                             # [N]
-    return {"completion_length_mean": float(lengths.mean()), "completion_length_min": float(lengths.min()),
-            "completion_length_max": float(lengths.max()), "frac_truncated": float(truncated.float().mean())}
+    out = {"completion_length_mean": float(lengths.mean()), "completion_length_min": float(lengths.min()),
+           "completion_length_max": float(lengths.max()), "frac_truncated": float(truncated.float().mean())}
+    if correct is not None:
+        c = correct.float().to(lengths.device)
+        for name, pick in (("correct", c == 1), ("wrong", c == 0)):
+            out[f"completion_length_{name}"] = float(lengths[pick].mean()) if pick.any() else float("nan")
+    return out
 
 
 def memory_stats() -> dict[str, float]:

@@ -250,7 +250,7 @@ def ppo_train_step(state: TrainState, timer: PhaseTimer, tracker=None) -> dict[s
     state.step += 1
     metrics = {"step": state.step, **reward_stats(scores.total, correct, rollout.group_size),
                **{f"rewards/{k}": float(torch.nanmean(v)) for k, v in scores.per_func.items()},
-               **tensor_stats("advantage", adv_flat), **length_stats(rollout.completion_mask, rollout.truncated),
+               **tensor_stats("advantage", adv_flat), **length_stats(rollout.completion_mask, rollout.truncated, correct),
                **upd, **info, "reward_errors": float(scores.num_errors), "bad_steps": float(state.bad_steps),
                "learning_rate": state.scheduler.get_last_lr()[0],
                "completion_tokens": float(rollout.completion_mask.sum())}

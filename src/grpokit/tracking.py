@@ -28,8 +28,9 @@ import io
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -60,14 +61,20 @@ def _num(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
-def group_rows(step: int, rollout, rewards: torch.Tensor, correct: torch.Tensor | None) -> list[dict[str, Any]]:
+def group_rows(step: int, rollout, rewards: torch.Tensor, correct: torch.Tensor | None,
+               advantages: torch.Tensor | None = None) -> list[dict[str, Any]]:
     """One prompt_history row per group: reward mean/std over its G completions (NaN rewards excluded).
 
-    std is the sample std (Bessel), as in reward_stats and the group advantages.
+    std is the sample std (Bessel), as in reward_stats and the group advantages. With `advantages`
+    ([N], a completion's token mean for process supervision) a row also holds where the gradient
+    signal goes: adv_abs = sum_i |A_i| and adv_abs_tokens = sum_i |A_i| * |o_i| over the group.
     """
     G = rollout.group_size
     r = rewards.detach().float().cpu().view(-1, G)                        # [B, G]
     c = None if correct is None else correct.detach().float().cpu().view(-1, G)
+    if advantages is not None:
+        a = advantages.detach().float().cpu().abs().view(-1, G)           # [B, G]
+        tokens = rollout.completion_mask.detach().float().cpu().sum(-1).view(-1, G)  # [B, G]
     rows = []
     for g in range(r.shape[0]):
         vals = r[g][~torch.isnan(r[g])]
@@ -77,6 +84,8 @@ def group_rows(step: int, rollout, rewards: torch.Tensor, correct: torch.Tensor 
                "reward_std": float(vals.std()) if vals.numel() > 1 else 0.0}
         if c is not None and not torch.isnan(c[g]).all():
             row["accuracy"] = float(torch.nanmean(c[g]))
+        if advantages is not None:
+            row["adv_abs"], row["adv_abs_tokens"] = float(a[g].sum()), float((a[g] * tokens[g]).sum())
         rows.append(row)
     return rows
 
@@ -144,7 +153,7 @@ def render_completions(entry: dict[str, Any], use_rich: bool | None = None) -> s
         console.print(table)
         return buf.getvalue().rstrip("\n")
     widths = [max(len(h), *(len(r[j]) for r in body)) for j, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) if j == 1 else c.rjust(w)  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) if j == 1 else c.rjust(w)
                                    for j, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join([title, line(header), "  ".join("-" * w for w in widths), *(line(r) for r in body)])
 
@@ -174,7 +183,7 @@ class Tracker:
 
     @classmethod
     def from_config(cls, cfg, out_dir: str | Path, start_step: int, examples: Sequence[Any] = (),
-                    loggers=None) -> "Tracker":
+                    loggers=None) -> Tracker:
         """A Tracker for run.log_completions_steps / run.track_prompts of a GRPOConfig."""
         return cls(out_dir, cfg.run.log_completions_steps, cfg.run.track_prompts, start_step, examples, loggers)
 
@@ -197,7 +206,7 @@ class Tracker:
             correct: [N] 1.0 where the answer is right (NaN / None when unknown).
         """
         if self.history is not None:
-            self.history.write_many(group_rows(step, rollout, scores.total, correct))
+            self.history.write_many(group_rows(step, rollout, scores.total, correct, advantages))
         if self.completions is not None and step % self.every == 0:
             entries = completion_entries(step, rollout, scores, advantages, self.answers)
             self.completions.write_many(entries)

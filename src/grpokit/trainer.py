@@ -283,7 +283,8 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
         mask, correct_all = g(rollout.completion_mask), None if correct is None else g(correct)
         metrics = {"step": state.step, **reward_stats(g(scores.total), correct_all, rollout.group_size),
                    **{f"rewards/{k}": float(torch.nanmean(g(v))) for k, v in scores.per_func.items()},
-                   **tensor_stats("advantage", g(adv_flat)), **length_stats(mask, g(rollout.truncated)),
+                   **tensor_stats("advantage", g(adv_flat)),
+                   **length_stats(mask, g(rollout.truncated), correct_all),
                    **upd, **state.dist.reduce_sums(info), "reward_errors": state.dist.sum(scores.num_errors),
                    "bad_steps": float(state.bad_steps), "skipped_updates": float(state.skipped_updates),
                    "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum())}
