@@ -107,8 +107,8 @@ def run_trl(args) -> dict:
             clock.row = {}
     trainer.add_callback(StepClock())
     trainer.train()
-    return summarize(steps, args.warmup, flops, peak, "trl", peak_bf16,
-                     "bf16" if args.trl_precision == "default" else "fp32")
+    return summarize(steps, args.warmup, flops, peak, "trl", peak_bf16=peak_bf16,
+                     precision="bf16" if args.trl_precision == "default" else "fp32")
 
 
 if __name__ == "__main__":

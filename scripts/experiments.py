@@ -2,7 +2,8 @@
 
     python scripts/experiments.py k            # runs configs/sweeps/k.yaml (skipping finished cells),
                                                # then its figure and table
-    python scripts/experiments.py all          # the six, one after another
+    python scripts/experiments.py length length_chain   # several, in order
+    python scripts/experiments.py all          # every one, one after another
     python scripts/experiments.py k --report   # figure and table only, from the finished sweep
 
 Each writes docs/experiments/<name>.png, benchmarks/results/experiments/<name>.md (the table in
@@ -20,23 +21,30 @@ from pathlib import Path
 
 import torch
 
-from grpokit import sweep
+from grpokit import sft, sweep
+from grpokit.config import build_config
 from grpokit.experiment_plots import Panels
 from grpokit.experiments import (
     advantage_noise,
     by_label,
     cell_series,
     gradient_share,
+    group_weight,
     pass_rate_histogram,
     sample_pool,
     seed_bands,
     sweep_rows,
 )
 from grpokit.metrics import read_metrics
+from grpokit.models import load_model_and_tokenizer
+from grpokit.tasks import load_examples
 
 FIGURES, RESULTS = Path("docs/experiments"), Path("benchmarks/results/experiments")
 POOL_PROMPTS, POOL_SIZE = 128, 128     # advantage noise: completions pooled per training prompt
-EXPERIMENTS = ("k", "graduation", "length", "std_scaling", "all_wrong", "grpo_vs_ppo")
+EXPERIMENTS = ("k", "graduation", "length", "length_chain", "std_scaling", "all_wrong", "grpo_vs_ppo")
+CHAIN_MODEL = Path("runs/sft/arith-chain")   # the warm start of length_chain (three-term sums)
+CHAIN_SFT = ["task.terms=3", "task.num_train=15000", "rollout.max_completion_length=48", "--out", str(CHAIN_MODEL),
+             "--steps", "800", "--stop-at", "400", "--eval-limit", "200"]
 
 
 def _mean(xs):
@@ -71,10 +79,6 @@ def _group_size(sweep_dir, row):
 
 def _pool_noise(sweep_dir, row, model_dir, group_sizes):
     """Advantage noise of the pooled samples of one cell's policy (model_dir None: the start model)."""
-    from grpokit.config import build_config
-    from grpokit.models import load_model_and_tokenizer
-    from grpokit.tasks import load_examples
-
     cfg = build_config(json.loads((sweep_dir / row["folder"] / "config.json").read_text()))
     if model_dir is not None:
         cfg.model.name_or_path = str(model_dir)
@@ -155,8 +159,10 @@ def report_length(sweep_dir, rows):
     fig.curves(seed_bands(rows, sweep_dir, "frac_truncated", window=20), title="share truncated (20-step mean)",
                xlabel="step", ylabel="share")
     def ends(members, key):
-        series = [cell_series(sweep_dir / r["folder"], key, window=20)[1] for r in members]
-        return f"{_mean([s[19] for s in series]):.1f} -> {_mean([s[-1] for s in series]):.1f}"
+        series = [s for r in members if (s := cell_series(sweep_dir / r["folder"], key, window=20)[1])]
+        if not series:                                   # e.g. no right answer in the whole run
+            return "n/a"
+        return f"{_mean([s[min(19, len(s) - 1)] for s in series]):.1f} -> {_mean([s[-1] for s in series]):.1f}"
 
     lines = []
     for label, members in by_label(rows).items():
@@ -168,20 +174,41 @@ def report_length(sweep_dir, rows):
     return fig, table, {}
 
 
+def prepare_length_chain() -> None:
+    """The warm start length_chain trains: the demo's supervised recipe on three-term sums, stopped early."""
+    if (CHAIN_MODEL / "config.json").is_file():
+        return
+    sft.main([*CHAIN_SFT, "--threads", str(torch.get_num_threads())])
+
+
+def report_length_chain(sweep_dir, rows):
+    fig, table, extra = report_length(sweep_dir, rows)
+    fig.title = "Experiment 3b: loss aggregation on three-term sums (variable-length solutions), 3 seeds"
+    spread = [cell_series(sweep_dir / r["folder"], "completion_length_max")[1] for r in rows]
+    low = [cell_series(sweep_dir / r["folder"], "completion_length_min")[1] for r in rows]
+    gaps = [mx - mn for a, b in zip(spread, low) for mx, mn in zip(a, b)]
+    return fig, table, {**extra, "mean_length_range_in_batch": _mean(gaps)}
+
+
 def report_std_scaling(sweep_dir, rows):
     G, last = _group_size(sweep_dir, rows[0]), max(r["steps"] for r in rows)
     cats = [f"{k}/{G}" for k in range(G + 1)]
     shares = {label: gradient_share(_history(sweep_dir, m), steps=(1, last), group_size=G)
               for label, m in by_label(rows).items()}
-    fig = Panels(title="Experiment 4: std scaling (scale_rewards), 3 seeds", columns=2)
+    weights = {label: group_weight(_history(sweep_dir, m), steps=(1, last), group_size=G)
+               for label, m in by_label(rows).items()}
+    fig = Panels(title="Experiment 4: std scaling (scale_rewards), 3 seeds", columns=3)
     fig.curves(seed_bands(rows, sweep_dir, "eval/accuracy"), title="held-out greedy accuracy", xlabel="step",
                ylabel="accuracy", percent=True)
     fig.bars(shares, categories=cats, title="gradient share by group pass rate (whole run)",
              ylabel="share of sum |A| x tokens", xlabel="correct answers in the group")
-    lines = [[label, _spread(m, "eval/accuracy", 100), *(f"{v * 100:.1f}" for v in shares[label][1:G])]
-             for label, m in by_label(rows).items()]
-    table = _table(["scale_rewards", "acc after %", *[f"share {c} %" for c in cats[1:G]]], lines)
-    return fig, table, {"gradient_share": shares}
+    fig.bars({k: v[1:G] for k, v in weights.items()}, categories=cats[1:G], ylabel=f"vs a {G // 2}/{G} group",
+             title="signal of one group by pass rate", xlabel="correct answers in the group")
+    lines = [[label, _spread(m, "eval/accuracy", 100), *(f"{v * 100:.1f}" for v in shares[label][1:G]),
+              *(f"{v:.2f}" for v in weights[label][1:G])] for label, m in by_label(rows).items()]
+    table = _table(["scale_rewards", "acc after %", *[f"share {c} %" for c in cats[1:G]],
+                    *[f"weight {c}" for c in cats[1:G]]], lines)
+    return fig, table, {"gradient_share": shares, "group_weight": weights}
 
 
 def report_all_wrong(sweep_dir, rows):
@@ -212,7 +239,8 @@ def _acc_at(folder, seconds):
 
 def report_grpo_vs_ppo(sweep_dir, rows):
     groups = by_label(rows)
-    phases = sorted({k for r in rows for k in r if k.startswith("mean/time/") and k != "mean/time/step"})
+    phases = sorted({k for r in rows for k, v in r.items() if k.startswith("mean/time/") and k != "mean/time/step"
+                     and isinstance(v, float) and v >= 0.001})         # phases that take a millisecond
     budget = min(cell_series(sweep_dir / r["folder"], "eval/accuracy", x="seconds")[0][-1] for r in rows)
     fig = Panels(title="Experiment 6: GRPO vs PPO with a critic, same model, G, lengths, machine (3 seeds)",
                  columns=2)
@@ -220,6 +248,8 @@ def report_grpo_vs_ppo(sweep_dir, rows):
                xlabel="training seconds", ylabel="accuracy", percent=True)
     fig.bars({label: [_mean([r.get(p) for r in m]) for p in phases] for label, m in groups.items()},
              categories=[p.split("/")[-1] for p in phases], title="seconds per step by phase", ylabel="s")
+    fig.bars({label: [_mean([r.get("mean/peak_rss_mib") for r in m])] for label, m in groups.items()},
+             categories=["peak RSS"], title="peak host memory (MiB)", ylabel="MiB")
     lines = []
     for label, m in groups.items():
         at = [_acc_at(sweep_dir / r["folder"], budget) for r in m]
@@ -235,6 +265,8 @@ def run(name: str, report_only: bool) -> None:
     spec = Path("configs/sweeps") / f"{name}.yaml"
     t0 = time.monotonic()
     if not report_only:
+        if name == "length_chain":
+            prepare_length_chain()
         sweep.main([str(spec)])
     spec_file, _ = sweep.prepare(spec)
     sweep_dir = spec_file.output_dir
@@ -252,10 +284,11 @@ def run(name: str, report_only: bool) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("name", choices=[*EXPERIMENTS, "all"])
+    p.add_argument("names", nargs="+", choices=[*EXPERIMENTS, "all"], metavar="NAME",
+                   help=f"one or more of {', '.join(EXPERIMENTS)}, or all")
     p.add_argument("--report", action="store_true", help="figure and table only, from the finished sweep")
     args = p.parse_args(argv)
-    for name in EXPERIMENTS if args.name == "all" else (args.name,):
+    for name in EXPERIMENTS if "all" in args.names else args.names:
         run(name, args.report)
     return 0
 

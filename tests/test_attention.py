@@ -1,15 +1,13 @@
 """The training passes' C attention forward (grpokit.attention): equal to PyTorch's SDPA in output and
 gradients, used only where it applies, and transformers' registry restored after every pass."""
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from grpokit import attention, logprobs, native
-from grpokit.bench import build_model
+from grpokit import attention, native
 from grpokit.rollout import sample_groups
+from grpokit.testing_models import build_model
 from pass_checks import assert_same_pass, logprobs_and_grads
 
 K = native.kernels()
@@ -70,10 +68,10 @@ def test_logprobs_and_gradients_equal_the_sdpa_pass(monkeypatch):
     calls = []
     apply = attention.KernelAttention.apply
     monkeypatch.setattr(attention.KernelAttention, "apply", lambda *a: calls.append(1) or apply(*a))
-    got = logprobs_and_grads(model, ids, att, 12)
+    with attention.kernel_attention(model):                              # what fast.accelerated enters
+        got = logprobs_and_grads(model, ids, att, 12)
     assert len(calls) == model.config.num_hidden_layers                   # the completion pass of every layer
-    monkeypatch.setattr(logprobs, "kernel_attention", lambda m: contextlib.nullcontext())
-    want = logprobs_and_grads(model, ids, att, 12)
+    want = logprobs_and_grads(model, ids, att, 12)                        # the plain path
     assert_same_pass(got, want)
 
 

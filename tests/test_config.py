@@ -69,3 +69,25 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_config(p)
     with pytest.raises(ConfigError, match="is not key=value"):
         load_config(None, ["beta"])
+
+
+def test_each_choice_is_declared_once_and_help_validation_and_switch_derive_from_it():
+    import dataclasses
+    import typing
+
+    from grpokit import choices as ch
+    from grpokit.advantages import SCALE_MODES
+    from grpokit.config import LossConfig
+    from grpokit.loss import LOSS_TYPES
+    from grpokit.validation import choices
+
+    found = choices(GRPOConfig())
+    assert found["loss.loss_type"] == typing.get_args(ch.LossType) == LOSS_TYPES
+    assert found["loss.scale_rewards"] == typing.get_args(ch.ScaleRewards) == SCALE_MODES
+    assert len(found) == 19 and found["rollout.backend"] == ("auto", "fast", "generate", "vllm")
+    help_text = {f.name: f.metadata["help"] for f in dataclasses.fields(LossConfig)}
+    assert help_text["loss_type"] == "grpo (eq. 3) | bnpo | dr_grpo | dapo"
+    with pytest.raises(ConfigError, match=r"loss.loss_type must be one of grpo, bnpo, dr_grpo, dapo.*'dapo'"):
+        build_config({"loss.loss_type": "dapoo"})
+    with pytest.raises(ConfigError, match="rm.objective must be one of pointwise, pairwise"):
+        GRPOConfig(rm=dataclasses.replace(GRPOConfig().rm, objective="listwise"))

@@ -66,7 +66,9 @@ def _worker(rank: int, world: int, port: int, out: str, task: str) -> None:
 
 
 def _one_step(trainer, out, **over):
-    trainer.sample_groups = fixed_samples
+    import grpokit.collect as collect
+
+    collect.sample_groups = fixed_samples
     # lr 1e-3: Adam's first step lr * g / (|g| + eps) turns float-order noise on near-zero gradients
     # into differences proportional to lr; at 1e-3 they stay below the 1e-6 tolerance
     cfg = _config(out + "/run", **{"optim.learning_rate": 1e-3, **over})
@@ -101,10 +103,11 @@ def _spawn(task: str, out: Path) -> list[dict]:
 
 @pytest.mark.parametrize("task", ["step", "step_fsdp"])
 def test_two_ranks_give_the_one_process_update_and_metrics(tmp_path, monkeypatch, task):
+    import grpokit.collect as collect
     import grpokit.trainer as trainer
 
     ranks = _spawn(task, tmp_path / "dist")
-    monkeypatch.setattr(trainer, "sample_groups", fixed_samples)
+    monkeypatch.setattr(collect, "sample_groups", fixed_samples)
     single = _one_step(trainer, str(tmp_path / "single"))
     assert single["world"] == 1 and [r["world"] for r in ranks] == [2, 2]
     assert ranks[0]["prompts"] == ranks[1]["prompts"] == single["prompts"] == 4   # every rank's cursor: global

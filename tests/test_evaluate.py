@@ -65,9 +65,9 @@ def test_greedy_eval_matches_a_plain_loop(tmp_path, tiny_model, char_tokenizer):
 
 def test_greedy_accuracy_counts_right_answers(tmp_path, tiny_model, char_tokenizer, monkeypatch):
     """Completions forced to known text: 2 of 4 right, 3 of 4 boxed."""
-    import grpokit.rollout as rollout_mod
+    import grpokit.evaluate as ev_mod
 
-    real = rollout_mod.sample_groups
+    real = ev_mod.sample_groups
     texts = ["\\boxed{1}", "\\boxed{5}", "3", "so \\boxed{4}"]
 
     def fake(*args, **kw):
@@ -75,7 +75,7 @@ def test_greedy_accuracy_counts_right_answers(tmp_path, tiny_model, char_tokeniz
         ro.completions = texts[:len(ro.completions)]
         return ro
 
-    monkeypatch.setattr(rollout_mod, "sample_groups", fake)
+    monkeypatch.setattr(ev_mod, "sample_groups", fake)
     out = evaluate(tiny_model, char_tokenizer, _examples(4), _cfg(tmp_path))
     # answers are 1, 2, 3, 4: right on problems 0 and 3 (a bare "3" is no extractable final answer)
     assert out["format_rate"] == pytest.approx(0.75)
@@ -108,9 +108,9 @@ def test_sampled_pass_at_k_properties(tmp_path, tiny_model, char_tokenizer, monk
 
 
 def test_eval_command_writes_a_json_report(tmp_path, tiny_model, char_tokenizer, monkeypatch):
-    import grpokit.models as models
+    import grpokit.evaluate as ev_mod
 
-    monkeypatch.setattr(models, "load_model_and_tokenizer", lambda cfg, seed=0: (tiny_model, char_tokenizer))
+    monkeypatch.setattr(ev_mod, "load_model_and_tokenizer", lambda cfg, seed=0: (tiny_model, char_tokenizer))
     out = tmp_path / "report.json"
     rc = main(["rollout.max_completion_length=8", "--limit", "6", "--samples", "2", "--k", "1,2", "--out", str(out)])
     assert rc == 0

@@ -11,6 +11,7 @@ from grpokit.experiments import (
     advantage_noise,
     cell_series,
     gradient_share,
+    group_weight,
     pass_rate_histogram,
     seed_bands,
 )
@@ -36,6 +37,14 @@ def test_gradient_share_is_the_share_of_advantage_weighted_tokens_per_bucket():
     assert share == pytest.approx([0.0, 0.75, 0.0, 0.25, 0.0])
     assert gradient_share(history, steps=(1, 2), group_size=4, key="adv_abs") == pytest.approx(share)
     assert all(math.isnan(v) for v in gradient_share([_row(1, 0.0, 0.0)], steps=(1, 1), group_size=4))
+
+
+def test_group_weight_is_a_groups_mean_signal_against_a_half_right_group():
+    history = [_row(1, 0.25, 3.0), _row(1, 0.25, 5.0), _row(2, 0.5, 8.0), _row(2, 0.5, 8.0), _row(2, 1.0, 0.0)]
+    weight = group_weight(history, steps=(1, 2), group_size=4)
+    assert weight[1] == pytest.approx(0.5) and weight[2] == 1.0 and weight[4] == 0.0
+    assert math.isnan(weight[0]) and math.isnan(weight[3])
+    assert all(math.isnan(v) for v in group_weight(history[:2], steps=(1, 2), group_size=4))
 
 
 def test_group_rows_record_where_the_advantage_goes():
@@ -113,3 +122,43 @@ def test_seed_bands_align_seeds_and_map_steps_to_completions_and_seconds(tmp_pat
     png.bars({"a": [0.1, float("nan")]}, categories=["x", "y"], title="share", ylabel="share")
     path = png.save(tmp_path / "out" / "fig.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "experiments.py"
+    spec = importlib.util.spec_from_file_location("experiments_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_experiment_report_runs_on_a_tiny_sweep(tmp_path, monkeypatch):
+    """scripts/experiments.py's six reports draw a PNG and a table from a real (tiny) sweep's folders."""
+    import yaml
+
+    from grpokit.sweep import prepare, run_sweep
+
+    spec = {"name": "tiny", "output_dir": str(tmp_path / "out"),
+            "base": {"overrides": {"model.name_or_path": "builtin:tiny-random", "rollout.prompts_per_step": 2,
+                                   "rollout.max_completion_length": 6, "run.max_steps": 3, "run.eval_limit": 4,
+                                   "run.eval_steps": 2, "run.track_prompts": True, "run.progress": False}},
+            "axes": {"rollout.num_generations": [2, 8]}, "seeds": [0]}
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    sweep, cells = prepare(tmp_path / "sweep.yaml")
+    run_sweep(sweep, cells, say=lambda line: None)
+    script = _script()
+    monkeypatch.setattr(script, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(script, "POOL_PROMPTS", 3)
+    monkeypatch.setattr(script, "POOL_SIZE", 12)
+    (tmp_path / "results").mkdir()
+    rows = script.sweep_rows(tmp_path / "out")
+    for name in script.EXPERIMENTS:
+        fig, table, _ = getattr(script, f"report_{name}")(tmp_path / "out", rows)
+        assert fig.save(tmp_path / "figs" / f"{name}.png").stat().st_size > 5_000
+        assert table.startswith("| ") and "rollout.num_generations" not in table
+        assert table.count("\n") >= 3, name                               # header, rule, one line per cell
+    noise = json.loads((tmp_path / "results" / "k_noise.json").read_text())
+    assert set(noise) == {"start", "after_G8_seed0"} and set(noise["start"]["group"]) == {"2", "8"}

@@ -5,14 +5,15 @@ import os
 import pytest
 import torch
 
+from grpokit import state as state_mod
 from grpokit import trainer
-from grpokit.bench import bench_prompts, build_model
 from grpokit.config import build_config
 from grpokit.logprobs import (can_share_prompts, length_buckets, micro_batches, per_token_logprobs,
                                position_ids_from_mask)
 from grpokit.loss import grpo_objective_from_logprobs
 from grpokit.models import frozen_reference
 from grpokit.rollout import sample_groups
+from grpokit.testing_models import bench_prompts, build_model
 
 
 def test_length_buckets_hand_examples():
@@ -104,10 +105,10 @@ def test_policy_update_loss_and_gradients_equal_plain_path(varied_batch, monkeyp
         got["grads"] = [p.grad.clone() for p in state.model.parameters()]
         state.optimizer.zero_grad(set_to_none=True)
         return 0.0
-    monkeypatch.setattr("grpokit.update.clip_and_step", capture)
+    monkeypatch.setattr("grpokit.update.optimizer_step", capture)
     opt, sched = trainer.make_optimizer(model, cfg)
     state = trainer.TrainState(cfg, model, tok, ref, opt, sched, [], None)
-    out = trainer.policy_update(state, r, adv, None, ref_lp, mask, trainer.PhaseTimer())
+    out = trainer.policy_update(state, r, adv, old_lp=None, ref_lp=ref_lp, loss_mask=mask, timer=trainer.PhaseTimer())
     assert abs(out["loss"] - float(loss.detach())) < 1e-5
     for a, b in zip(got["grads"], want):
         assert torch.allclose(a, b, atol=1e-5)
@@ -176,4 +177,103 @@ def test_adamw_fused_for_plain_cpu_parameters_and_same_update_as_the_loop():
     loop.step()
     for n, p in model.named_parameters():
         assert torch.allclose(p, twin[n], atol=1e-6), n
-    assert not trainer._can_fuse([torch.zeros(3, dtype=torch.long)])
+    assert not state_mod._can_fuse([torch.zeros(3, dtype=torch.long)])
+
+
+# The one switch (grpokit.fast): off, a whole train_step is plain PyTorch; on, it computes the same step.
+
+def _one_step(reuse_on: bool, monkeypatch, switch) -> dict:
+    """One GRPO step of the built-in tiny model (beta > 0: a reference pass too) inside `switch()`:
+    its metrics, every gradient the optimizer stepped on, and the weights after."""
+    from grpokit import update
+
+    cfg = build_config({"model.name_or_path": "builtin:tiny-random", "task.num_train": 8, "task.num_eval": 2,
+                        "rollout.prompts_per_step": 2, "rollout.num_generations": 4, "loss.beta": 0.04,
+                        "reward.funcs": {"tests.test_guards:dense_reward": 1.0},
+                        "rollout.max_completion_length": 10, "rollout.reuse_activations": reuse_on,
+                        "optim.learning_rate": 1e-2, "run.eval_limit": 0, "run.progress": False})
+    torch.manual_seed(0)
+    state = trainer.build_state(cfg)
+    before = {n: p.detach().clone() for n, p in state.model.named_parameters()}
+    grads, real_step = {}, update.optimizer_step
+
+    def step_and_keep_grads(s):
+        grads.update({n: p.grad.clone() for n, p in s.model.named_parameters() if p.grad is not None})
+        return real_step(s)
+
+    monkeypatch.setattr(update, "optimizer_step", step_and_keep_grads)
+    torch.manual_seed(1)
+    with switch():
+        metrics = trainer.train_step(state)
+    monkeypatch.setattr(update, "optimizer_step", real_step)
+    after = {n: p.detach().clone() for n, p in state.model.named_parameters()}
+    return {"metrics": metrics, "grads": grads, "before": before, "after": after}
+
+
+def _forbid_kernels(monkeypatch) -> None:
+    """Every entry point of the optional speed-ups raises: the plain path must never reach one."""
+    from grpokit import attention, fast, fused_ops, native, reuse
+
+    def entered(*a, **k):
+        raise AssertionError("a speed-up was entered with the switch off")
+
+    for module, name in ((native, "kernels"), (native, "keep_freed_memory"), (attention, "kernel_attention"),
+                         (fused_ops, "fused_ops"), (fast, "reused_logprobs"),
+                         (fast, "_grouped_kv_with_masks"), (reuse.ActivationRecord, "__init__")):
+        monkeypatch.setattr(module, name, entered)
+
+
+@pytest.mark.parametrize("reuse_on", [False, True])
+def test_train_step_switch_off_is_plain_and_on_equals_it(monkeypatch, reuse_on):
+    import contextlib
+
+    from grpokit import attention, fast, fused_ops, native
+
+    with monkeypatch.context() as off_patch:
+        _forbid_kernels(off_patch)
+        off = _one_step(reuse_on, monkeypatch, fast.plain)         # train_step's own switch: overridden
+    entered = []
+    for cls in (attention.KernelAttention, fused_ops.SiluMul, fused_ops.RMSNormFn):
+        real = cls.apply
+        monkeypatch.setattr(cls, "apply",
+                            lambda *a, real=real, cls=cls: entered.append(cls.__name__) or real(*a))
+    on = _one_step(reuse_on, monkeypatch, contextlib.nullcontext)        # train_step's own fast.accelerated
+    if native.kernels() is not None:                                      # the speed-ups really ran
+        assert {"KernelAttention", "SiluMul", "RMSNormFn"} <= set(entered)
+    assert on["metrics"]["completion_tokens"] == off["metrics"]["completion_tokens"]   # the same samples
+    for key in ("loss", "kl", "grad_norm"):
+        if key in off["metrics"]:
+            assert on["metrics"][key] == pytest.approx(off["metrics"][key], abs=1e-5, rel=1e-4), key
+    assert on["grads"].keys() == off["grads"].keys() and off["grads"]
+    for n, g in off["grads"].items():
+        assert float((on["grads"][n] - g).abs().max()) <= 1e-5 * (float(g.abs().max()) or 1.0), n
+    for n, w in off["after"].items():   # Adam amplifies rounding on near-zero gradients: compare to the step
+        moved = float((w - off["before"][n]).abs().max())
+        assert moved > 0 and float((on["after"][n] - w).abs().max()) <= 1e-2 * moved, n
+
+
+def test_the_switch_restores_everything_and_nests():
+    """Inside `fast.accelerated`: the attention swap, the fused forwards, the GQA variable and the decode
+    kernels; after it (even when the block raises) nothing is left; an inner context changes nothing,
+    `fast.plain()` turns everything off inside."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from grpokit import fast, native
+
+    model, _ = build_model("tiny")
+    sdpa, K = ALL_ATTENTION_FUNCTIONS["sdpa"], native.kernels()
+    with pytest.raises(RuntimeError), fast.accelerated(model) as scope:
+        assert scope.on and os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA") == "1"
+        assert fast.kernels_for(model) is K
+        if K is not None:
+            assert ALL_ATTENTION_FUNCTIONS["sdpa"] is not sdpa and "forward" in vars(model.model.norm)
+        with fast.accelerated(build_model("tiny")[0]) as inner:
+            assert inner is scope                                         # the outer context decides
+        with fast.plain():
+            assert fast.kernels_for(model) is None and not fast.active().on
+        raise RuntimeError("a failing step")
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa and "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ
+    assert not any("forward" in vars(m) for m in model.modules()) and not fast.active().on
+    assert fast.kernels_for(model) is None                                # outside: the plain path
+    with fast.accelerated(model, enabled=False) as off:
+        assert not off.on and fast.kernels_for(model) is None

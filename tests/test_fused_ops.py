@@ -2,15 +2,13 @@
 their gradients, equal eager PyTorch's; the swap covers exactly the known classes, and every forward is
 restored."""
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from grpokit import fused_ops, logprobs, native
-from grpokit.bench import bench_prompts, build_model
+from grpokit import fused_ops, native
 from grpokit.rollout import sample_groups
+from grpokit.testing_models import bench_prompts, build_model
 from pass_checks import assert_same_pass, logprobs_and_grads
 
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no C compiler could build grpokit's kernels")
@@ -71,13 +69,13 @@ def test_logprobs_and_gradients_equal_the_eager_layers(monkeypatch):
     mlp_apply, norm_apply = fused_ops.SiluMul.apply, fused_ops.RMSNormFn.apply
     monkeypatch.setattr(fused_ops.SiluMul, "apply", lambda *a: calls.update(mlp=calls["mlp"] + 1) or mlp_apply(*a))
     monkeypatch.setattr(fused_ops.RMSNormFn, "apply", lambda *a: calls.update(norm=calls["norm"] + 1) or norm_apply(*a))
-    got = logprobs_and_grads(model, ids, att, 12)
+    with fused_ops.fused_ops(model):                                     # what fast.accelerated enters
+        got = logprobs_and_grads(model, ids, att, 12)
     layers = model.config.num_hidden_layers
     expected = {"mlp": 2 * layers, "norm": 2 * (2 * layers + 1)}           # the prompt pass and the completion pass
     assert calls == expected
     assert not any("forward" in vars(m) for m in model.modules())         # every forward restored
-    monkeypatch.setattr(logprobs, "fused_ops", lambda m: contextlib.nullcontext())
-    want = logprobs_and_grads(model, ids, att, 12)
+    want = logprobs_and_grads(model, ids, att, 12)                        # the plain path
     assert calls == expected                                              # not called on the eager pass
     assert_same_pass(got, want)
 

@@ -136,15 +136,15 @@ def test_max_bad_steps_in_a_row_stops_the_run_with_a_good_checkpoint(tmp_path, m
 
 
 def test_an_infinite_reward_stops_with_a_message(tmp_path, monkeypatch):
-    import grpokit.rewards as rewards_mod
+    import grpokit.collect as collect_mod
 
-    real = rewards_mod.score_responses
+    real = collect_mod.score_responses
 
     def inf_scores(*args, **kwargs):
         out = real(*args, **kwargs)
         out.total[0] = float("inf")
         return out
 
-    monkeypatch.setattr(rewards_mod, "score_responses", inf_scores)
+    monkeypatch.setattr(collect_mod, "score_responses", inf_scores)
     with pytest.raises(FloatingPointError, match="rewards contain inf: check the reward functions"):
         train_grpo(tiny(tmp_path / "run", **{"run.max_steps": 1}))

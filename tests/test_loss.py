@@ -122,3 +122,23 @@ def test_kl_bias_correction_keeps_the_value_at_mu_1_and_adds_kl_times_dlogp_to_t
     assert torch.allclose(grads[0], (1.0 - torch.exp(d)) / 3, atol=1e-12)       # plain: dk3/dnew / |o|
     assert torch.allclose(grads[1] - grads[0], k3 / 3, atol=1e-12)              # corrected: + k3 / |o|
     assert (grads[1] - grads[0]).abs().max() > 0.1
+
+
+def test_per_token_weight_of_a_short_and_a_long_answer_by_loss_type():
+    """The chapter's example: a 2-token and an 8-token answer with the same advantage. The grpo mean
+    weighs each token of the short one 1/2 and of the long one 1/8 (times 1/N); dr_grpo, dapo and bnpo
+    weigh every token the same (1 / (N * T_max), 1 / total tokens)."""
+    mask = torch.zeros(2, 8)
+    mask[0, :2] = 1
+    mask[1, :] = 1
+    expected = {"grpo": (1 / 2 / 2, 1 / 8 / 2), "dr_grpo": (1 / 16, 1 / 16), "dapo": (1 / 10, 1 / 10),
+                "bnpo": (1 / 10, 1 / 10)}
+    for loss_type, (short, long) in expected.items():
+        lp = torch.full((2, 8), -1.0, requires_grad=True)
+        loss, _ = grpo_objective_from_logprobs(lp, None, None, mask, torch.tensor([1.0, 1.0]), kl_coef=0.0,
+                                               loss_type=loss_type, max_completion_length=8)
+        loss.backward()
+        grad = -lp.grad                                   # d objective / d log-prob of each token (ratio 1)
+        assert torch.allclose(grad[0, :2], torch.full((2,), short)), loss_type
+        assert torch.allclose(grad[1], torch.full((8,), long)), loss_type
+        assert float(grad[0, 2:].abs().sum()) == 0.0      # padding gets nothing

@@ -18,7 +18,7 @@ VOCAB = 4096  # big enough that a [rows, V] chunk is the dominant tensor of the 
 
 @pytest.fixture(scope="module")
 def big_vocab_model():
-    from grpokit.bench import build_tokenizer
+    from grpokit.testing_models import build_tokenizer
 
     tok = build_tokenizer(VOCAB)
     return tiny_random_model(tok, seed=0).train(), tok

@@ -117,8 +117,8 @@ def test_entropy_metric_equals_direct_computation_across_micro_batches(tiny_mode
     want = float((direct_entropy(tiny_model, rollout, tau) * mask).sum() / mask.sum())
     opt, sched = make_optimizer(tiny_model, cfg)
     state = TrainState(cfg, tiny_model, char_tokenizer, None, opt, sched, [], stream=None)
-    out = policy_update(state, rollout, torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0]), None, None, mask,
-                        PhaseTimer())
+    out = policy_update(state, rollout, torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0]), old_lp=None, ref_lp=None,
+                        loss_mask=mask, timer=PhaseTimer())
     assert out["entropy"] == pytest.approx(want, rel=1e-5)
     assert 0 < out["entropy"] <= math.log(len(char_tokenizer))
 

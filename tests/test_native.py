@@ -8,17 +8,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpokit import native, sampler
-from grpokit.bench import bench_prompts, build_model
+from grpokit import fast, native, sampler
 from grpokit.rollout import sample_groups
+from grpokit.testing_models import bench_prompts, build_model
 
 K = native.kernels()
 needs_kernels = pytest.mark.skipif(K is None, reason="no C compiler could build grpokit's decode kernels")
 
 
+@pytest.fixture(autouse=True)
+def accelerated():
+    """The sampler's kernels are on only inside `grpokit.fast.accelerated`: every test here runs in it."""
+    with fast.accelerated(torch.nn.Linear(1, 1)):
+        yield
+
+
 @needs_kernels
 def test_both_code_paths_are_built(portable_kernels):
-    flags = native._cpu_id().split()
+    flags = native.cpu_id().split()
     assert K.vector_width == (8 if "avx2" in flags and "fma" in flags else 1)
     assert portable_kernels.vector_width == 1
 
@@ -225,7 +232,7 @@ def test_c_linear_through_torch_sgemm_equals_f_linear(M, K_, N, bias):
     x, W = torch.randn(M, K_), torch.randn(N, K_)
     b = torch.randn(N) if bias else None
     y = torch.full((M, N), float("nan"))
-    K._lib_linear(x.data_ptr(), M, K_, W.data_ptr(), None if b is None else b.data_ptr(), N, y.data_ptr())
+    K.linear(x, W, b, out=y)
     assert torch.allclose(y, F.linear(x, W, b), atol=1e-4)
 
 
@@ -243,7 +250,7 @@ def test_packed_linear_equals_f_linear(lib, M, K_, N, bias):
     n16 = -(-N // 16) * 16
     want = torch.cat([W, W.new_zeros(n16 - N, K_)]).view(n16 // 16, 16, K_).transpose(1, 2)
     assert torch.equal(P, want) and (bp is None or bp.shape[0] == n16)   # P[p, k, c] = W[16 p + c, k]
-    lib._linear_packed(x.data_ptr(), M, K_, P.data_ptr(), None if bp is None else bp.data_ptr(), N, y.data_ptr())
+    lib.linear_packed(x, P, bp, n_out=N, out=y)
     assert torch.allclose(y, F.linear(x, W, b), atol=1e-4)
 
 
@@ -270,6 +277,9 @@ def test_one_call_step_only_where_it_applies(tiny_model, monkeypatch):
 @needs_kernels
 def test_decoder_uses_kernels_for_float32_cpu_only(tiny_model):
     assert sampler.LeanDecoder(tiny_model, 2, 16).native is K
+    with fast.plain():                                                    # the switch off: PyTorch ops only
+        dec = sampler.LeanDecoder(tiny_model, 2, 16)
+        assert dec.native is None and dec.whole is None
     assert sampler.LeanDecoder(tiny_model.to(torch.bfloat16), 2, 16).native is None
 
 
@@ -288,7 +298,7 @@ def test_no_compiler_falls_back_to_torch_ops(monkeypatch, tmp_path, caplog):
 
 def test_build_is_cached_and_can_be_switched_off(monkeypatch, tmp_path, torch_ops):
     assert native.kernels() is None                                       # GRPOKIT_NATIVE=0
-    if native._compiler() is None:
+    if native.compiler() is None:
         pytest.skip("no C compiler")
     first = native.build(tmp_path)
     assert first is not None and first.parent == tmp_path

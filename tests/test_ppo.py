@@ -8,7 +8,7 @@ import grpokit.trainer as trainer_mod
 from grpokit.config import ConfigError, build_config
 from grpokit.metrics import PhaseTimer
 from grpokit.ppo import ValueModel, clipped_value_loss, gae, ppo_learn, terminal_rewards, whiten
-from grpokit.trainer import build_state, train_step
+from grpokit.trainer import build_state, step_function
 
 
 def test_terminal_reward_sits_on_the_last_valid_token():
@@ -88,7 +88,7 @@ def test_ppo_step_updates_policy_and_value_model_and_keeps_the_reference(tmp_pat
     pol = {n: p.detach().clone() for n, p in state.model.named_parameters()}
     val = {n: p.detach().clone() for n, p in state.critic.model.named_parameters()}
     for _ in range(2):  # the head starts near zero; by step 2 the backbone has gradient too
-        m = train_step(state)
+        m = step_function(cfg)(state)  # the loop's choice for loss.algorithm=ppo: ppo_train_step
     for key in ("loss", "value_loss", "value_clipfrac", "approx_kl", "value_grad_norm", "returns_mean"):
         assert key in m and torch.isfinite(torch.tensor(m[key])), key
     assert [n for n, p in state.model.named_parameters() if torch.equal(p, pol[n])] == []
@@ -106,7 +106,7 @@ def test_ppo_micro_batches_give_the_big_batch_gradients(tmp_path, monkeypatch):
         state.optimizer.zero_grad(set_to_none=True)
         return 0.0
 
-    monkeypatch.setattr("grpokit.ppo.clip_and_step", capture_policy)
+    monkeypatch.setattr("grpokit.ppo.optimizer_step", capture_policy)
     for mb in (0, 8):
         cfg = easy_config(tmp_path, **{"loss.algorithm": "ppo", "optim.micro_batch_size": mb})
         state = build_state(cfg, train_examples=PROMPTS)
@@ -133,3 +133,15 @@ def test_ppo_config_fields_are_validated():
         build_config({"loss.gamma": 1.5})
     with pytest.raises(ConfigError, match="model.lora_r=0"):
         build_config({"loss.algorithm": "ppo", "model.lora_r": 8})
+
+
+def test_the_loop_picks_the_step_once_and_train_step_stays_grpo(tmp_path):
+    from types import SimpleNamespace
+
+    from grpokit.ppo import ppo_train_step
+    from grpokit.trainer import train_step
+
+    ppo, grpo = easy_config(tmp_path, **{"loss.algorithm": "ppo"}), easy_config(tmp_path)
+    assert step_function(ppo) is ppo_train_step and step_function(grpo) is train_step
+    with pytest.raises(ValueError, match="loss.algorithm=ppo: run grpokit.ppo.ppo_train_step"):
+        train_step(SimpleNamespace(cfg=ppo))

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpokit import precision
+from grpokit import fast, precision
 from grpokit.config import ConfigError, build_config
 from grpokit.logprobs import per_token_logprobs
 from grpokit.metrics import PhaseTimer
@@ -82,7 +82,8 @@ def _update(model, tok, rollout, rewards, cfg):
     before = [p.detach().clone() for p in model.parameters()]
     ref_lp = forward_logprobs(ref, rollout, cfg)
     adv = compute_advantages(cfg, rollout, rewards, None)
-    mets = policy_update(state, rollout, adv, None, ref_lp, rollout.completion_mask.float(), PhaseTimer())
+    mets = policy_update(state, rollout, adv, old_lp=None, ref_lp=ref_lp, loss_mask=rollout.completion_mask.float(),
+                         timer=PhaseTimer())
     return before, [p.detach().clone() for p in model.parameters()], mets
 
 
@@ -163,7 +164,7 @@ def test_the_sampler_runs_bf16_matmuls_beside_fp32_kernels(tok):
     ids, mask = torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long)
     logits = []
     for dtype in (None, torch.bfloat16):
-        with computing_in(model, dtype):
+        with computing_in(model, dtype), fast.accelerated(model):        # the C kernels: behind the switch
             dec = LeanDecoder(model, 1, 8)
             assert (dec.whole is None) == (dtype is not None)                  # the C whole step is fp32 only
             assert all(w["qkv"].weight.dtype == (dtype or torch.float32) for w in dec.layers)

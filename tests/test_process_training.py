@@ -8,6 +8,7 @@ import torch
 from grpokit.cli import main
 from grpokit.config import build_config
 from grpokit.metrics import PhaseTimer
+from grpokit import collect
 from grpokit import trainer as trainer_mod
 from grpokit.trainer import build_state, train_step
 
@@ -20,7 +21,7 @@ def test_process_rewards_train_end_to_end(tmp_path, monkeypatch):
     state = build_state(cfg)
     # Make the sampled completions contain equations (a random model writes none): one right, one wrong.
     texts = ["1+1=2, 2+2=4.", "1+1=3.", "3*3=9", "no steps"]
-    real_sample = trainer_mod.sample_groups
+    real_sample = collect.sample_groups
 
     def sample_with_equations(model, tok, prompts, G, *a, **k):
         r = real_sample(model, tok, prompts, G, *a, **k)
@@ -33,8 +34,8 @@ def test_process_rewards_train_end_to_end(tmp_path, monkeypatch):
         r.sampling_logprobs = None
         return r
 
-    monkeypatch.setattr(trainer_mod, "sample_groups", sample_with_equations)
-    rollout, scores, _ = trainer_mod.generate_and_score(state, state.stream.take(2), PhaseTimer())
+    monkeypatch.setattr(collect, "sample_groups", sample_with_equations)
+    rollout, scores, _ = collect.generate_and_score(state, state.stream.take(2), PhaseTimer())
     assert scores.step_rewards[0] == [(4, 1.0), (11, 1.0)] and scores.step_rewards[1] == [(4, -1.0)]
     adv = trainer_mod.compute_advantages(cfg, rollout, scores.total, scores.step_rewards)
     assert adv.shape == rollout.completion_ids.shape           # per-token advantages

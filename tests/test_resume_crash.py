@@ -123,7 +123,7 @@ def test_sigkill_at_three_moments_then_resume_is_bit_identical(server, tmp_path)
 
     # 1. mid-training, at a random step and a random point inside it
     pid = server.start(out)
-    target = rng.randint(2, 5)
+    target = rng.randint(SAVE + 1, 5)  # step SAVE + 1 logged: checkpoint-3 is whole, so the last run resumes
     wait_for(lambda: logged(out) >= target, f"step {target}")
     time.sleep(rng.uniform(0.0, 0.1))
     assert server.kill(pid) == -signal.SIGKILL
@@ -146,7 +146,7 @@ def test_sigkill_at_three_moments_then_resume_is_bit_identical(server, tmp_path)
     assert server.kill(pid) == -signal.SIGKILL
     assert_checkpoints_whole(out)
 
-    # the last restart finishes the run
+    # the last restart finishes the run, resuming the checkpoint of step 3 or later
     assert server.wait(server.start(out)) == 0, (out.parent / "crashed.log").read_text()[-3000:]
     assert server.wait(ref) == 0, (ref_out.parent / "reference.log").read_text()[-3000:]
 

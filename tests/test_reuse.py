@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-from grpokit import logprobs, reuse, trainer, update
-from grpokit.bench import VOCAB, bench_prompts, build_tokenizer
+from grpokit import fast, logprobs, reuse, trainer
 from grpokit.config import build_config
 from grpokit.logprobs import per_token_logprobs
 from grpokit.rollout import sample_groups
+from grpokit.testing_models import VOCAB, bench_prompts, build_tokenizer
 
 ARCHS = {
     "qwen2": (Qwen2Config, {}),                                           # q/k/v biases, GQA
@@ -67,6 +67,13 @@ def assert_close_grads(a: dict, b: dict, tol: float = 1e-5) -> None:
         assert float((a[n] - b[n]).abs().max()) <= tol * scale, n
 
 
+def recorded(model, tok, *args, record=True, **kw):
+    """sample_groups inside `fast.accelerated(model, record=...)`: (the rollout, the scope's record)."""
+    with fast.accelerated(model, record=record):
+        r = sample_groups(model, tok, *args, **kw)
+        return r, fast.held_record()
+
+
 def reused(model, r, rows):
     mask = r.completion_mask[rows]
     T = int(mask.sum(-1).max())
@@ -80,15 +87,15 @@ def reused(model, r, rows):
 def test_reused_forward_equals_the_plain_pass(arch, natural, tok):
     model = build(arch, tok, mean_length=5.0 if natural else 0.0)
     torch.manual_seed(1)
-    r = sample_groups(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=not natural, keep_activations=True)
-    assert isinstance(r.activations, reuse.ActivationRecord) and r.activations.usable(model)
+    r, r_rec = recorded(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=not natural, record=True)
+    assert isinstance(r_rec, reuse.ActivationRecord) and r_rec.usable(model)
     if natural:   # rows finished early and were dropped from the decode batch
         assert len(set(r.completion_lengths.tolist())) >= 4 and int(r.completion_lengths.min()) < 6
     for rows in (torch.arange(12), torch.tensor([1, 2, 5, 9, 11])):   # the whole batch, and scattered rows
         ids, att, T = reused(model, r, rows)
         m = r.completion_mask[rows, :T]
         lp_plain, g_plain = grads(model, lambda: per_token_logprobs(model, ids, att, T) * m)
-        lp_reuse, g_reuse = grads(model, lambda: reuse.reused_logprobs(model, r.activations, rows, ids, att, T) * m)
+        lp_reuse, g_reuse = grads(model, lambda: reuse.reused_logprobs(model, r_rec, rows, ids, att, T) * m)
         assert torch.allclose(lp_plain, lp_reuse, atol=1e-5, rtol=0)
         assert_close_grads(g_plain, g_reuse)
 
@@ -106,61 +113,65 @@ def test_slots_left_unwritten_are_never_read(tok, monkeypatch):
     monkeypatch.setattr(reuse.ActivationRecord, "__init__", nan_init)
     model = build("qwen2", tok, mean_length=4.0)
     torch.manual_seed(3)
-    r = sample_groups(model, tok, prompts(), 4, 12, backend="fast", keep_activations=True)
+    r, r_rec = recorded(model, tok, prompts(), 4, 12, backend="fast", record=True)
     assert int(r.completion_lengths.min()) < 4 < int(r.completion_lengths.max())  # rows left the batch early
     rows = torch.arange(12)
     ids, att, T = reused(model, r, rows)
     m = r.completion_mask[:, :T]
     _, g_plain = grads(model, lambda: per_token_logprobs(model, ids, att, T) * m)
-    _, g_reuse = grads(model, lambda: reuse.reused_logprobs(model, r.activations, rows, ids, att, T) * m)
+    _, g_reuse = grads(model, lambda: reuse.reused_logprobs(model, r_rec, rows, ids, att, T) * m)
     assert all(torch.isfinite(g).all() for g in g_reuse.values())
     assert_close_grads(g_plain, g_reuse)
 
 
 def test_consuming_drops_what_backward_does_not_need(tok):
     model = build("qwen2", tok)
-    r = sample_groups(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, keep_activations=True)
+    r, r_rec = recorded(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, record=True)
     rows = torch.arange(12)
     ids, att, T = reused(model, r, rows)
     _, g_plain = grads(model, lambda: per_token_logprobs(model, ids, att, T))
-    _, g_reuse = grads(model, lambda: reuse.reused_logprobs(model, r.activations, rows, ids, att, T, consume=True))
+    _, g_reuse = grads(model, lambda: reuse.reused_logprobs(model, r_rec, rows, ids, att, T, consume=True))
     assert_close_grads(g_plain, g_reuse)
-    assert all(set(layer) == {"gu"} for layer in r.activations.comp)   # q/k/v, o, down freed during forward
-    r.activations.release()
-    assert not r.activations.usable(model)
+    assert all(set(layer) == {"gu"} for layer in r_rec.comp)   # q/k/v, o, down freed during forward
+    r_rec.release()
+    assert not r_rec.usable(model)
 
 
 def test_a_record_is_refused_once_the_weights_or_the_model_change(tok):
     model = build("qwen2", tok)
-    r = sample_groups(model, tok, prompts(), 2, 4, backend="fast", suppress_eos=True, keep_activations=True)
-    assert r.activations.usable(model) and r.activations.usable(model, r)
-    assert not r.activations.usable(build("qwen2", tok))                  # another model
+    r, r_rec = recorded(model, tok, prompts(), 2, 4, backend="fast", suppress_eos=True, record=True)
+    assert r_rec.usable(model) and r_rec.usable(model, r)
+    assert not r_rec.usable(build("qwen2", tok))                  # another model
     edited = dataclasses.replace(r, completion_ids=r.completion_ids.clone())
     edited.completion_ids[1, 2] += 1                                      # a token changed after sampling
-    assert not r.activations.usable(model, edited)
+    assert not r_rec.usable(model, edited)
     edited.completion_ids[1, 2] -= 1
-    assert r.activations.usable(model, edited)                            # the same tokens again
+    assert r_rec.usable(model, edited)                            # the same tokens again
     model.config.attention_dropout = 0.1                                  # dropout in train mode: not the sampled forward
-    assert not r.activations.usable(model)
+    assert not r_rec.usable(model)
     model.config.attention_dropout = 0.0
     with torch.no_grad():
         next(model.parameters()).add_(1e-3)                              # an optimizer step bumps the versions
-    assert not r.activations.usable(model)
+    assert not r_rec.usable(model)
 
 
 def test_no_record_where_it_cannot_be_used(tok, monkeypatch):
     model = build("qwen2", tok)
     kw = dict(backend="fast", suppress_eos=True)
-    assert sample_groups(model, tok, prompts(), 2, 4, **kw).activations is None   # not asked for
-    assert sample_groups(model, tok, prompts(), 2, 4, backend="generate", keep_activations=True).activations is None
-    assert sample_groups(model, tok, prompts(), 2, 4, generation_batch_size=2, keep_activations=True,
-                         **kw).activations is None                       # several decode calls
+    assert recorded(model, tok, prompts(), 2, 4, record=False, **kw)[1] is None   # not asked for
+    assert recorded(model, tok, prompts(), 2, 4, backend="generate")[1] is None
+    assert recorded(model, tok, prompts(), 2, 4, generation_batch_size=2, **kw)[1] is None   # 2 decode calls
+    with fast.plain():                                                    # the switch off: nothing recorded
+        assert recorded(model, tok, prompts(), 2, 4, **kw)[1] is None
+    assert recorded(model, tok, prompts(), 2, 4, **kw)[1] is not None     # (what the lines above refuse)
     model.lm_head = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(64, VOCAB))  # not the lean path
-    assert sample_groups(model, tok, prompts(), 2, 4, keep_activations=True, **kw).activations is None
+    assert recorded(model, tok, prompts(), 2, 4, **kw)[1] is None
     on = {"rollout.reuse_activations": True}
     cfg = build_config(on)
     plain = build("qwen2", tok)
     assert reuse.recording_policy(cfg, 1, plain) is True                  # forced: record to the end
+    split = {"rollout.num_generations": 4, "rollout.prompts_per_step": 2, "rollout.generation_batch_size": 4}
+    assert not reuse.recording_policy(build_config({**on, **split}), 1, plain)   # decoded in two calls
     assert not reuse.recording_policy(cfg, 2, plain)                      # several processes
     for key, value in (("rollout.reuse_activations", False), ("rollout.dynamic_sampling", True),
                        ("rollout.backend", "generate"), ("loss.algorithm", "ppo")):
@@ -189,7 +200,7 @@ def run_steps(reuse_on: bool, monkeypatch, calls: list, iterations: int = 1) -> 
                         "optim.learning_rate": 1e-2, "loss.num_iterations": iterations, "loss.beta": 0.04,
                         "rollout.reuse_activations": reuse_on, "run.eval_limit": 0, "run.progress": False})
     real = reuse.reused_logprobs                                         # the unpatched function
-    monkeypatch.setattr(update, "reused_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(fast, "reused_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
     state = trainer.build_state(cfg)
     before = {n: p.detach().clone() for n, p in state.model.named_parameters()}
@@ -234,7 +245,7 @@ def test_resume_with_reuse_is_bit_identical(tmp_path, monkeypatch):
                                  "run.output_dir": str(out), **over})
         calls = []
         real = reuse.reused_logprobs
-        monkeypatch.setattr(update, "reused_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+        monkeypatch.setattr(fast, "reused_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
         train_grpo(cfg(tmp_path / "full"))
         train_grpo(cfg(tmp_path / "cut", **{"run.max_steps": 2}))
         train_grpo(cfg(tmp_path / "cut", **{"run.resume": True}))
@@ -251,18 +262,19 @@ def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypat
 
     from grpokit.distributed import Distributed
 
-    def plan(model, rollout, **over):
+    def plan(model, rollout, record, **over):
         cfg = build_config({"rollout.num_generations": 4, "rollout.prompts_per_step": 3, **over})
-        return reuse.update_plan(SimpleNamespace(cfg=cfg, model=model, dist=Distributed()), rollout)
+        return reuse.update_plan(SimpleNamespace(cfg=cfg, model=model, dist=Distributed()), rollout, record)
 
     model = build("qwen2", tok)
-    fixed = sample_groups(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, keep_activations=True)
-    groups, record, last = plan(model, fixed)
-    assert record is fixed.activations and last and [g.tolist() for g in groups] == [list(range(12))]
-    groups, record, _ = plan(model, fixed, **{"optim.micro_batch_size": 4})
+    fixed, fixed_rec = recorded(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, record=True)
+    groups, record, last = plan(model, fixed, fixed_rec)
+    assert record is fixed_rec and last and [g.tolist() for g in groups] == [list(range(12))]
+    groups, record, _ = plan(model, fixed, fixed_rec, **{"optim.micro_batch_size": 4})
     assert record is None and len(groups) == 3                            # micro-batches asked for: memory first
-    groups, record, last = plan(model, fixed, **{"optim.micro_batch_size": 4, "rollout.reuse_activations": True})
-    assert record is fixed.activations and not last and len(groups) == 3  # forced: held through 3 micro-batches
+    groups, record, last = plan(model, fixed, fixed_rec,
+                                **{"optim.micro_batch_size": 4, "rollout.reuse_activations": True})
+    assert record is fixed_rec and not last and len(groups) == 3  # forced: held through 3 micro-batches
 
     # a micro-batch's launch cost as for a ~100M-parameter model (the test model's 0.1M would make one
     # micro-batch always cheapest)
@@ -270,10 +282,10 @@ def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypat
     monkeypatch.setattr(logprobs, "launch_tokens", lambda n: 10.0)
     spread_model = build("qwen2", tok, mean_length=6.0)
     torch.manual_seed(5)
-    spread = sample_groups(spread_model, tok, prompts(), 4, 40, backend="fast", keep_activations=True)
+    spread, spread_rec = recorded(spread_model, tok, prompts(), 4, 40, backend="fast", record=True)
     lengths = spread.completion_lengths + spread.prompt_mask.sum(-1)
     assert float(lengths.float().mean()) < 0.6 * float(lengths.max())     # mostly padding if padded to the longest
-    groups, record, _ = plan(spread_model, spread, **{"rollout.max_completion_length": 40})
+    groups, record, _ = plan(spread_model, spread, spread_rec, **{"rollout.max_completion_length": 40})
     assert record is None and len(groups) > 1                             # the length buckets win
 
     # "auto" asks on the way and stops recording once it cannot pay: no record, its memory not kept
@@ -283,13 +295,13 @@ def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypat
 
     asked = []
     torch.manual_seed(5)
-    again = sample_groups(spread_model, tok, prompts(), 4, 40, backend="fast", keep_activations=pays)
-    assert asked and again.activations is None
+    again, again_rec = recorded(spread_model, tok, prompts(), 4, 40, backend="fast", record=pays)
+    assert asked and again_rec is None
     assert torch.equal(again.completion_ids, spread.completion_ids)      # recording never changes the samples
     asked.clear()
-    kept = sample_groups(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, keep_activations=pays)
-    assert kept.activations is not None and not asked                     # no row finished early: kept
-    assert not spread.activations.usable(model)                           # (and a record is tied to its model)
+    kept, kept_rec = recorded(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, record=pays)
+    assert kept_rec is not None and not asked                     # no row finished early: kept
+    assert not spread_rec.usable(model)                           # (and a record is tied to its model)
 
 
 def test_reuse_pays_counts_padding_against_the_saved_third():

@@ -199,7 +199,7 @@ def test_process_bce_reads_each_steps_last_token():
             torch.stack([logits[encoded[0][1][0]], logits[encoded[0][1][1]], other[-1]]),
             torch.tensor([1.0, 0, 0]),
         )
-        loss = batch_loss(model, encoded, [0, 1], "process", "pointwise", tok.pad_token_id)
+        loss = batch_loss(model, encoded, [0, 1], "process", objective="pointwise", pad_id=tok.pad_token_id)
     assert loss.item() == pytest.approx(manual.item(), abs=1e-5)
     steps = evaluate_reward_model(model, tok, samples, kind="process", batch_size=2, step_separator=SEP)
     assert steps["num_samples"] == 3  # over steps, not completions

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from grpokit import sampler, sampling
-from grpokit.bench import bench_prompts, build_model
 from grpokit.logprobs import per_token_logprobs, position_ids_from_mask
 from grpokit.rollout import encode_prompts, sample_groups
+from grpokit.testing_models import bench_prompts, build_model
 
 PROMPTS = ["What is 1+2?", "33+44=", "7*8?", "a"]
 
@@ -76,8 +76,9 @@ def test_first_token_distribution_matches_generate_warpers(char_tokenizer, tempe
         logits = warp(ids, logits) if warp is not None else logits
     want = logits.softmax(-1)[0]                                          # [V]
     torch.manual_seed(0)
-    toks, _ = sampler.fast_sample(model, ids, mask, 40_000, 1, temperature, top_p, top_k, [char_tokenizer.eos_token_id],
-                                  char_tokenizer.pad_token_id)
+    toks, _ = sampler.fast_sample(model, ids, mask, 40_000, 1, temperature=temperature, top_p=top_p,
+                                  top_k=top_k, eos_ids=[char_tokenizer.eos_token_id],
+                                  pad_id=char_tokenizer.pad_token_id)
     counts = torch.bincount(toks[:, 0], minlength=want.numel())
     assert counts[want == 0].sum() == 0                                   # filtered tokens never drawn
     assert int((want > 0).sum()) > 5

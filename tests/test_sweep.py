@@ -147,7 +147,7 @@ def test_bad_yaml_and_non_mapping_are_one_line_errors(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-SHIPPED = {"k": 15, "graduation": 3, "length": 12, "std_scaling": 9, "all_wrong": 9, "grpo_vs_ppo": 6}
+SHIPPED = {"k": 15, "graduation": 3, "length": 12, "length_chain": 12, "std_scaling": 9, "all_wrong": 9, "grpo_vs_ppo": 6}
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -163,3 +163,29 @@ def test_shipped_sweep_parses_and_expands_to_its_grid(name):
         assert sorted({c.cfg.rollout.num_generations for c in cells}) == [2, 4, 8, 16, 32]
     if name == "all_wrong":
         assert {c.cfg.batch_size for c in cells} == {128} and {c.cfg.task.digits for c in cells} == {3}
+
+
+def test_a_cell_claimed_by_a_live_process_is_skipped_and_a_dead_claim_taken_over(tmp_path):
+    """Two `grpokit sweep` processes on one file share the grid: a live claim is left alone."""
+    import subprocess
+    import sys
+
+    sweep, cells = prepare(write_sweep(tmp_path))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / f".{cells[0].folder.name}.claim").write_text(str(holder.pid))
+        (tmp_path / "out" / f".{cells[1].folder.name}.claim").write_text(str(dead.pid))
+        train, said = Counter(), []
+        rows = run_sweep(sweep, cells, train=train, say=said.append)
+        assert train.ran == [c.folder.name for c in cells[1:]]       # the live claim's cell is not run
+        assert any("run by another process" in line for line in said)
+        assert len(rows) == 3 and not list((tmp_path / "out").glob(f".{cells[1].folder.name}.claim"))
+    finally:
+        holder.kill()
+        holder.wait()
+    train = Counter()
+    rows = run_sweep(sweep, cells, train=train, say=lambda line: None)  # the holder died: its cell now runs
+    assert train.ran == [cells[0].folder.name] and len(rows) == 4

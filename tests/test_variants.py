@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpokit import collect as collect_mod
 from grpokit import trainer as trainer_mod
 from grpokit.config import ConfigError, build_config
 from grpokit.loss import grpo_objective_from_logprobs
@@ -163,8 +164,8 @@ def test_dynamic_sampling_keeps_only_informative_groups(tmp_path, monkeypatch):
                                    "rollout.max_completion_length": 6})
     state = build_state(cfg, train_examples=prompts)
     seen = []
-    real = trainer_mod.generate_and_score
-    monkeypatch.setattr(trainer_mod, "generate_and_score",
+    real = collect_mod.generate_and_score
+    monkeypatch.setattr(collect_mod, "generate_and_score",
                         lambda st, ex, timer: seen.append([e.prompt for e in ex]) or real(st, ex, timer))
     rollout, scores, _, info = trainer_mod.collect_batch(state, PhaseTimer())
     G = cfg.rollout.num_generations
@@ -202,7 +203,7 @@ def test_trainer_micro_batches_give_the_big_batch_loss_and_gradients(tmp_path, m
         state.optimizer.zero_grad(set_to_none=True)
         return 0.0
 
-    monkeypatch.setattr("grpokit.update.clip_and_step", capture)
+    monkeypatch.setattr("grpokit.update.optimizer_step", capture)
     results = {}
     for mb in (0, 8):
         cfg = easy_config(tmp_path, **{"optim.micro_batch_size": mb, "loss.loss_type": loss_type})
@@ -213,8 +214,8 @@ def test_trainer_micro_batches_give_the_big_batch_loss_and_gradients(tmp_path, m
         rollout.completion_mask[::3, 5:] = 0
         adv = trainer_mod.compute_advantages(cfg, rollout, scores.total, None)
         ref = trainer_mod.forward_logprobs(state.ref_model, rollout, cfg)
-        results[mb] = trainer_mod.policy_update(state, rollout, adv, None, ref, rollout.completion_mask.float(),
-                                                PhaseTimer())
+        results[mb] = trainer_mod.policy_update(state, rollout, adv, old_lp=None, ref_lp=ref,
+                                                loss_mask=rollout.completion_mask.float(), timer=PhaseTimer())
     assert results[0]["loss"] == pytest.approx(results[8]["loss"], abs=1e-6)
     assert results[0]["approx_kl"] == pytest.approx(results[8]["approx_kl"], abs=1e-6)
     for a, b in zip(grads[0], grads[8]):

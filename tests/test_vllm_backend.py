@@ -56,7 +56,8 @@ class StandInEngine:
                 toks = [self.a_id] * (j + 1) + [self.eos_id] if j % 2 == 0 else [self.a_id] * spec.max_tokens
                 full = torch.tensor([list(ids) + toks])
                 with torch.no_grad():
-                    lp = per_token_logprobs(self.model, full, torch.ones_like(full), len(toks), spec.temperature)[0]
+                    lp = per_token_logprobs(self.model, full, torch.ones_like(full), len(toks),
+                                            temperature=spec.temperature)[0]
                 shift = torch.tensor([DELTA[t % 2] for t in range(len(toks))])
                 group.append(Sample(toks, (lp - shift).tolist()))
             out.append(group)

@@ -8,27 +8,36 @@ The public API keeps the names of the DeepSeekMath GRPO chapter's code map:
     [D] per_token_logprobs             grpokit.logprobs
     [E-F] grpo_objective_from_logprobs grpokit.loss (grpo_loss wraps it with the forward passes)
     [G] train_step, [H] train_grpo     grpokit.trainer
+
+Each name is imported from its module on first use (PEP 562), so `import grpokit.loss` loads the
+pure math alone, not the trainer, the sampler or transformers.
 """
 
-from .advantages import group_advantages, process_advantages
-from .config import ConfigError, GRPOConfig, build_config, load_config
-from .logprobs import per_token_logprobs
-from .loss import grpo_loss, grpo_objective_from_logprobs, k3_kl
-from .rollout import Rollout, sample_groups
-from .trainer import train_grpo, train_step
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
+_PUBLIC = {  # public name -> the module that defines it
+    "sample_groups": "rollout", "Rollout": "rollout",
+    "rule_reward": "rewards", "score_responses": "rewards",
+    "group_advantages": "advantages", "process_advantages": "advantages",
+    "per_token_logprobs": "logprobs",
+    "grpo_objective_from_logprobs": "loss", "grpo_loss": "loss", "k3_kl": "loss",
+    "train_step": "trainer", "train_grpo": "trainer",
+    "GRPOConfig": "config", "ConfigError": "config", "build_config": "config", "load_config": "config",
+}
+__all__ = list(_PUBLIC)
 
-def __getattr__(name: str):
-    # rewards pulls in math-verify; import it only when asked for.
-    if name in ("rule_reward", "score_responses"):
-        from . import rewards
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'grpokit' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
 
-        return getattr(rewards, name)
-    raise AttributeError(name)
 
-
-__all__ = ["sample_groups", "Rollout", "rule_reward", "score_responses", "group_advantages", "process_advantages",
-           "per_token_logprobs", "grpo_objective_from_logprobs", "grpo_loss", "k3_kl", "train_step", "train_grpo",
-           "GRPOConfig", "ConfigError", "build_config", "load_config"]
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

@@ -16,11 +16,14 @@ Process supervision (DeepSeekMath section 4.1.3): see `process_advantages`.
 
 from __future__ import annotations
 
+import typing
 from typing import Sequence
 
 import torch
 
-SCALE_MODES = ("group", "batch", "none")
+from .choices import ScaleRewards
+
+SCALE_MODES = typing.get_args(ScaleRewards)  # declared once in grpokit.choices
 
 
 def _masked_group_stats(values: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

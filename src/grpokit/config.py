@@ -13,16 +13,35 @@ change, so the CLI can print it without a traceback.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-
-class ConfigError(ValueError):
-    """A user error in the configuration: the message is one line that says what to change."""
+from .choices import (
+    Algorithm,
+    AnswerFormat,
+    Backend,
+    Dtype,
+    ImportanceSamplingLevel,
+    LossType,
+    LRScheduler,
+    Optimizer,
+    Precision,
+    RewardErrors,
+    RMObjective,
+    RMPrecision,
+    RMTransform,
+    ScaleRewards,
+    StepLabels,
+    TaskName,
+    TISLevel,
+    TruncatePrompt,
+    VLLMMode,
+)
+from .errors import ConfigError, suggest  # ConfigError: public here too (grpokit.config.ConfigError)
+from .validation import validate  # the range and consistency checks, one function per concern
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -32,8 +51,11 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help}, **kw)
 
 
-# model.precision: the compute precision, declared once; help text and validation derive from it.
-Precision = Literal["fp32", "bf16", "auto"]
+def _choice(choice: Any, default: str, before: str = "", after: str = "", **notes: str) -> Any:
+    """A field holding one of `choice`'s options (a `grpokit.choices` Literal): its help lists them,
+    each with its note, between `before` and `after`; validation checks the value against the same type."""
+    listed = " | ".join(f"{o} ({notes[o]})" if o in notes else o for o in typing.get_args(choice))
+    return _f(default, before + listed + after)
 
 
 @dataclass
@@ -41,8 +63,8 @@ class ModelConfig:
     name_or_path: str = _f("builtin:arith-demo", "local AutoModelForCausalLM folder, an alias "
                            "(smollm2-135m-instruct), or builtin:arith-demo / builtin:tiny-random")
     gguf_file: str | None = _f(None, "GGUF file name inside name_or_path (needs the [gguf] extra)")
-    dtype: str = _f("float32", "float32 | bfloat16 | float16: the stored weights (16-bit: compute in it too)")
-    precision: Precision = _f("auto", " | ".join(typing.get_args(Precision)) + ": compute precision of float32 "
+    dtype: Dtype = _choice(Dtype, "float32", after=": the stored weights (16-bit: compute in it too)")
+    precision: Precision = _choice(Precision, "auto", after=": compute precision of float32 "
                               "weights; bf16 keeps fp32 master weights and optimizer state, runs the matmuls in "
                               "bfloat16 and the log-softmax/loss in fp32; auto picks bf16 where the device has native "
                               "bf16 matmul and the model is large enough (grpokit.precision)")
@@ -56,8 +78,8 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = _f("arithmetic", "arithmetic | gsm8k | math500 | jsonl | hf (a datasets-readable jsonl / parquet "
-                   "file or save_to_disk folder, TRL's format: a prompt column, other columns to the rewards)")
+    name: TaskName = _choice(TaskName, "arithmetic", hf="a datasets-readable jsonl / parquet "
+                             "file or save_to_disk folder, TRL's format: a prompt column, other columns to the rewards")
     path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl / hf")
     train_split: str = _f("train", "split the policy trains on")
     eval_split: str = _f("test", "held-out split for evaluation")
@@ -72,7 +94,8 @@ class TaskConfig:
     chat_template: bool = _f(False, "render prompts with the tokenizer's chat template")
     chat_template_kwargs: dict = _f({}, "extra keywords for apply_chat_template (e.g. {enable_thinking: false})")
     system_prompt: str | None = _f(None, "system message when chat_template is on")
-    format: str = _f("boxed", "boxed (final answer in \\boxed{}) | r1 (<think>...</think> then the answer)")
+    format: AnswerFormat = _choice(AnswerFormat, "boxed", boxed="final answer in \\boxed{}",
+                                   r1="<think>...</think> then the answer")
     instruction: bool = _f(False, "append an instruction to put the final answer in \\boxed{}")
     few_shot: int = _f(0, "solved train examples prepended to each prompt")
 
@@ -82,20 +105,21 @@ class RolloutConfig:
     num_generations: int = _f(8, "G: completions sampled per prompt")
     prompts_per_step: int = _f(4, "B: prompts per optimizer step (generation batch = B * G)")
     max_prompt_length: int = _f(512, "longest prompt in tokens")
-    truncate_prompt: str = _f("left", "left (drop the oldest tokens, with a warning) | error")
+    truncate_prompt: TruncatePrompt = _choice(TruncatePrompt, "left", left="drop the oldest tokens, with a warning")
     max_completion_length: int = _f(256, "T: longest completion in tokens")
     temperature: float = _f(1.0, "sampling temperature (> 0)")
     top_p: float = _f(1.0, "nucleus sampling mass in (0, 1]")
     top_k: int = _f(0, "keep the k most likely tokens; 0 keeps all")
-    backend: str = _f("auto", "auto | fast (grpokit's KV-cache sampler) | generate (model.generate) | vllm")
+    backend: Backend = _choice(Backend, "auto", fast="grpokit's KV-cache sampler", generate="model.generate")
     generation_batch_size: int = _f(0, "completions decoded at once; 0 = the whole batch")
     reuse_activations: bool | str = _f("auto", "the first update's forward takes the projection outputs the "
                                        "fast sampler computed (grpokit.reuse; one process): auto (models of "
                                        ">= 5M parameters, whole batch per micro-batch) | true | false")
     dynamic_sampling: bool = _f(False, "DAPO: drop groups whose rewards are all equal, resample")
     max_resample_rounds: int = _f(3, "bound on extra generation rounds for dynamic sampling")
-    vllm_mode: str = _f("colocate", "backend=vllm: colocate (an LLM engine in each training process, slept "
-                        "during the update) | server (a `grpokit vllm-serve` process, weights pushed each step)")
+    vllm_mode: VLLMMode = _choice(VLLMMode, "colocate", before="backend=vllm: ",
+                                  colocate="an LLM engine in each training process, slept during the update",
+                                  server="a `grpokit vllm-serve` process, weights pushed each step")
     vllm_gpu_memory_utilization: float = _f(0.3, "backend=vllm colocate: share of GPU memory vLLM may take")
     vllm_server_base_url: str = _f("http://127.0.0.1:8000",
                                    "backend=vllm server: where `grpokit vllm-serve` listens")
@@ -113,7 +137,8 @@ class RolloutConfig:
 @dataclass
 class RewardConfig:
     funcs: dict = _f({"rule": 1.0}, "reward name, 'module:function' or 'rm:PATH' (a learned reward model) -> weight")
-    reward_errors: str = _f("raise", "raise (stop, naming the function) | skip (score None, count it)")
+    reward_errors: RewardErrors = _choice(RewardErrors, "raise", **{"raise": "stop, naming the function",
+                                                                    "skip": "score None, count it"})
     overlong_buffer: int = _f(0, "DAPO soft overlong punishment: penalty ramps over the last N tokens")
     overlong_penalty: float = _f(1.0, "penalty at the length limit for the overlong shaping")
     step_correct_reward: float = _f(1.0, "steps (process) reward: an arithmetic step that checks out")
@@ -122,13 +147,14 @@ class RewardConfig:
 
 @dataclass
 class LossConfig:
-    loss_type: str = _f("grpo", "grpo (eq. 3) | bnpo | dr_grpo | dapo")
+    loss_type: LossType = _choice(LossType, "grpo", grpo="eq. 3")
     beta: float = _f(0.04, "KL coefficient; 0 loads no reference model")
     epsilon: float = _f(0.2, "clip range low: ratio >= 1 - epsilon")
     epsilon_high: float | None = _f(None, "clip range high (DAPO clip-higher); None = epsilon")
     delta: float | None = _f(None, "optional upper bound on the ratio for negative advantages")
-    importance_sampling_level: str = _f("token", "token (eq. 3) | sequence (GSPO)")
-    scale_rewards: str = _f("group", "group | batch | none (Dr. GRPO: centre only)")
+    importance_sampling_level: ImportanceSamplingLevel = _choice(ImportanceSamplingLevel, "token", token="eq. 3",
+                                                                 sequence="GSPO")
+    scale_rewards: ScaleRewards = _choice(ScaleRewards, "group", none="Dr. GRPO: centre only")
     num_iterations: int = _f(1, "mu: policy updates per generation batch")
     kl_in_reward: bool = _f(False, "subtract beta * KL from the reward instead of the loss")
     use_bias_correction_kl: bool = _f(False, "weight the per-token KL by the importance ratio (gradient "
@@ -137,10 +163,11 @@ class LossConfig:
     mask_truncated_completions: bool = _f(False, "completions without EOS contribute no loss")
     ref_model_sync_steps: int = _f(0, "every N steps: ref <- a * policy + (1 - a) * ref; 0 = never")
     ref_model_mixup_alpha: float = _f(1.0, "a in the reference reset (1.0 = the paper's reset)")
-    tis_level: str = _f("token", "backend=vllm: truncated importance sampling of the sampler/trainer "
-                        "mismatch, per token | sequence | none (loss.truncated_is_weights)")
+    tis_level: TISLevel = _choice(TISLevel, "token", before="backend=vllm: truncated importance sampling of the "
+                                  "sampler/trainer mismatch, per ", none="loss.truncated_is_weights")
     tis_cap: float = _f(2.0, "backend=vllm: cap C on the importance weight min(pi_old / pi_sampler, C)")
-    algorithm: str = _f("grpo", "grpo (group baseline, no critic) | ppo (value-model baseline, for comparison)")
+    algorithm: Algorithm = _choice(Algorithm, "grpo", grpo="group baseline, no critic",
+                                   ppo="value-model baseline, for comparison")
     gamma: float = _f(1.0, "ppo: GAE discount gamma")
     lam: float = _f(0.95, "ppo: GAE lambda (gamma = lam = 1 gives A_t = R - V_t)")
     vf_coef: float = _f(0.1, "ppo: value-loss coefficient")
@@ -154,10 +181,10 @@ class OptimConfig:
     adam_beta1: float = _f(0.9, "AdamW beta1")
     adam_beta2: float = _f(0.99, "AdamW beta2")
     max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 disables")
-    lr_scheduler_type: str = _f("constant", "constant | linear (decay to 0 at max_steps)")
+    lr_scheduler_type: LRScheduler = _choice(LRScheduler, "constant", linear="decay to 0 at max_steps")
     warmup_steps: int = _f(0, "linear warm-up steps")
     micro_batch_size: int = _f(0, "completions per forward/backward; 0 = the whole batch")
-    optim: str = _f("adamw", "adamw | adamw_8bit (bitsandbytes)")
+    optim: Optimizer = _choice(Optimizer, "adamw", adamw_8bit="bitsandbytes")
 
 
 @dataclass
@@ -191,8 +218,9 @@ class RMConfig:
 
     batch_size: int = _f(32, "texts per reward-model forward pass")
     device: str = _f("auto", "where the reward model runs: auto (the policy's device) | cpu | cuda | cuda:N")
-    precision: str = _f("fp32", "reward-model compute: fp32 | bf16")
-    transform: str = _f("none", "score squash: none (the raw logit, as TRL) | sigmoid (a probability in (0, 1))")
+    precision: RMPrecision = _choice(RMPrecision, "fp32", before="reward-model compute: ")
+    transform: RMTransform = _choice(RMTransform, "none", before="score squash: ", none="the raw logit, as TRL",
+                                     sigmoid="a probability in (0, 1)")
     step_separator: str = _f("\n", "process RM: the text between separators is one step (e.g. a newline, "
                              "'. ' or a step tag)")
     max_length: int = _f(0, "longest reward-model input in tokens (prompt + completion); 0 = the model's "
@@ -203,10 +231,11 @@ class RMConfig:
     learning_rate: float = _f(1e-4, "Algorithm 1: reward-model AdamW learning rate")
     epochs: int = _f(1, "Algorithm 1: passes over each iteration's training mix")
     train_batch_size: int = _f(32, "Algorithm 1: samples per reward-model optimizer step")
-    objective: str = _f("pointwise", "pointwise (binary cross-entropy on verifier labels) | pairwise (Bradley-Terry "
-                   "on right/wrong pairs of one prompt)")
-    step_labels: str = _f("verifier", "process RM labels: verifier (the arithmetic step checker; the final "
-                          "step by the answer) | mc (Math-Shepherd: a step is good if a rollout from it is right)")
+    objective: RMObjective = _choice(RMObjective, "pointwise", pointwise="binary cross-entropy on verifier labels",
+                                     pairwise="Bradley-Terry on right/wrong pairs of one prompt")
+    step_labels: StepLabels = _choice(StepLabels, "verifier", before="process RM labels: ",
+                                      verifier="the arithmetic step checker; the final step by the answer",
+                                      mc="Math-Shepherd: a step is good if a rollout from it is right")
     mc_rollouts: int = _f(4, "step_labels=mc: completions sampled from each step prefix")
 
 
@@ -238,10 +267,6 @@ class GRPOConfig:
     preset: str | None = None
 
     def __post_init__(self) -> None:
-        from .validation import (
-            validate,  # the checks live beside, one function per concern
-        )
-
         validate(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,11 +280,6 @@ class GRPOConfig:
     @property
     def epsilon_high(self) -> float:
         return self.loss.epsilon if self.loss.epsilon_high is None else self.loss.epsilon_high
-
-
-def _suggest(word: str, options: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _all_keys() -> dict[str, str]:
@@ -279,7 +299,7 @@ def _resolve_key(key: str) -> str:
         return keys[key]
     if key in SECTIONS:
         raise ConfigError(f"'{key}' is a section: set its fields as {key}.<field>=value")
-    raise ConfigError(f"unknown config key '{key}'{_suggest(key, list(keys) + ['preset'])}")
+    raise ConfigError(f"unknown config key '{key}'{suggest(key, list(keys) + ['preset'])}")
 
 
 def _field_type(section: str, name: str) -> Any:
@@ -291,15 +311,15 @@ def _coerce(key: str, value: Any) -> Any:
     """Convert a YAML/CLI value to the field's declared type, or raise a one-line ConfigError."""
     section, name = key.split(".", 1)
     tp = _field_type(section, name)
+    if typing.get_origin(tp) is Literal:              # a declared choice (grpokit.choices): one of its values
+        options = [str(a) for a in typing.get_args(tp)]
+        if str(value) in options:
+            return str(value)
+        raise ConfigError(f"{key} must be one of {', '.join(options)}, got {value!r}{suggest(str(value), options)}")
     args = typing.get_args(tp)
     optional = type(None) in args
     base = next((a for a in args if a is not type(None)), tp) if args else tp
     base = typing.get_origin(base) or base
-    if base is Literal:                               # a declared choice (model.precision): one of its values
-        options = [str(a) for a in typing.get_args(tp)]
-        if str(value) in options:
-            return str(value)
-        raise ConfigError(f"{key} must be one of {', '.join(options)}, got {value!r}{_suggest(str(value), options)}")
     if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and base is not str):
         if optional:
             return None
@@ -389,7 +409,7 @@ def build_config(values: dict[str, Any] | None = None) -> GRPOConfig:
     resolved: dict[str, Any] = {}
     if preset is not None:
         if preset not in PRESETS:
-            raise ConfigError(f"unknown preset '{preset}'{_suggest(str(preset), PRESETS)}: "
+            raise ConfigError(f"unknown preset '{preset}'{suggest(str(preset), PRESETS)}: "
                               f"choose one of {', '.join(PRESETS)}")
         resolved.update(PRESETS[preset])
     for key, value in flat.items():

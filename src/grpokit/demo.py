@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 from .metrics import read_metrics
+from .plots import Panel, draw_panel, load_runs, new_figure
 
 # (eval.jsonl key, row label, shown as a percentage)
 TABLE_ROWS = (("accuracy", "greedy accuracy (pass@1)", True), ("reward_mean", "mean reward", False),
@@ -50,8 +51,6 @@ def before_after_table(run_dir: str | Path) -> str:
 def demo_plot(run_dir: str | Path, path: str | Path | None = None, smooth: float = 0.6) -> Path:
     """One 2x2 PNG of a run: reward, accuracy (sampled in training; greedy held-out as markers),
     KL to the reference, completion length. Default path: <run_dir>/demo_plot.png."""
-    from .plots import Panel, _draw_panel, _new_figure, load_runs
-
     runs = load_runs([run_dir])
     panels = [Panel("Reward", "mean reward per completion", [("reward_mean", "train (sampled)")],
                     eval_key="reward_mean"),
@@ -60,9 +59,9 @@ def demo_plot(run_dir: str | Path, path: str | Path | None = None, smooth: float
               Panel("KL to reference", "approx KL (k3, nats/token)", [("approx_kl", "KL")]),
               Panel("Completion length", "tokens per completion", [("completion_length_mean", "mean")],
                     band=("completion_length_min", "completion_length_max"))]
-    fig, axes = _new_figure(len(panels), "GRPO demo", runs, smooth)
+    fig, axes = new_figure(len(panels), "GRPO demo", runs, smooth)
     for ax, panel in zip(axes, panels):
-        _draw_panel(ax, panel, runs, smooth)
+        draw_panel(ax, panel, runs, smooth)
     out = Path(path) if path is not None else Path(run_dir) / "demo_plot.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)

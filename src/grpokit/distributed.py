@@ -43,6 +43,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as tdist
 
+from . import checkpoint
+from .errors import ConfigError
+from .fsdp_checkpoint import resume_sharded, save_sharded
 from .logprobs import per_token_logprobs
 
 log = logging.getLogger("grpokit")
@@ -140,8 +143,6 @@ class Distributed:
     def check(self, prompts_per_step: int) -> None:
         """Raise a one-line error when the B prompts of a step cannot be split evenly over the ranks."""
         if prompts_per_step % self.world_size:
-            from .config import ConfigError
-
             raise ConfigError(f"rollout.prompts_per_step ({prompts_per_step}) must be divisible by the number "
                               f"of ranks ({self.world_size}): each rank takes whole groups")
 
@@ -264,7 +265,8 @@ class Distributed:
 
         def fn(m, input_ids, attention_mask, completion_length, temperature=1.0, **kw):
             if not (self.fsdp or torch.is_grad_enabled()):   # DDP: no-grad passes need no hooks
-                return per_token_logprobs(m, input_ids, attention_mask, completion_length, temperature, **kw)
+                return per_token_logprobs(m, input_ids, attention_mask, completion_length, temperature=temperature,
+                                          **kw)
             return wrapper(input_ids, attention_mask, completion_length, temperature, **kw)
 
         return fn
@@ -311,15 +313,11 @@ class Distributed:
     def save_checkpoint(self, state: Any, out_dir: str | Path, metrics_row: dict | None = None) -> None:
         """checkpoint-<step> with every rank's RNG state (state.rank_rng): rank 0 writes it, DDP replicas
         being equal; under FSDP every rank writes its shards (`save_sharded`)."""
-        from . import checkpoint
-
         if not self.enabled:
             checkpoint.save_checkpoint(state, out_dir, metrics_row=metrics_row)
             return
         state.rank_rng = self.gather_object(checkpoint.rng_state())
         if self.fsdp:
-            from .fsdp_checkpoint import save_sharded
-
             save_sharded(self, state, Path(out_dir))
         elif self.is_main:
             checkpoint.save_checkpoint(state, out_dir, metrics_row=metrics_row)
@@ -327,11 +325,7 @@ class Distributed:
 
     def resume(self, state: Any, out_dir: str | Path) -> bool:
         """Load the newest checkpoint on every rank when run.resume is set (see checkpoint.py)."""
-        from . import checkpoint
-
         if self.fsdp and self.enabled:
-            from .fsdp_checkpoint import resume_sharded
-
             return resume_sharded(self, state, Path(out_dir))
         resumed = False
         for turn in ((0, 1) if self.enabled else (0,)):   # rank 0 first: it alone repairs the logs
@@ -342,8 +336,6 @@ class Distributed:
 
     def save_pretrained(self, state: Any, out_dir: str | Path) -> Path:
         """The final save_pretrained folder, written by rank 0 from the full weights."""
-        from . import checkpoint
-
         out = Path(out_dir)
         weights = self.full_state_dict(state.model)          # collective under FSDP: every rank calls it
         if self.is_main:

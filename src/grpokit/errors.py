@@ -18,19 +18,28 @@ half-written or emptied file under the name the user asked for.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-
-from .config import ConfigError
 
 # (module, class) of each user-error type; looked up lazily so that `grpokit --help` imports no torch
 _USER_ERRORS = (("grpokit.models", "ModelError"), ("grpokit.run_dir", "OutputDirError"),
                 ("grpokit.rollout", "PromptTooLongError"), ("grpokit.tasks", "TaskError"),
                 ("grpokit.rewards", "RewardError"), ("grpokit.lora", "LoRAError"),
                 ("grpokit.vllm_engine", "VLLMError"))
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration: the message is one line that says what to change."""
+
+
+def suggest(word: str, options: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the option closest to a mistyped word, or ''."""
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 class UserError(ValueError):

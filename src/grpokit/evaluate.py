@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from . import fast
 from .config import GRPOConfig
 from .errors import check_out_file, write_text_aside
 from .preflight import check_environment, prompt_tokens
@@ -37,7 +38,10 @@ from .rewards import (
     score_responses,
     token_char_ends,
 )
-from .rollout import PromptTooLongError, prompt_log
+from .models import load_model_and_tokenizer
+from .rollout import PromptTooLongError, prompt_log, sample_groups
+from .run_config import train_config
+from .tasks import load_examples
 
 log = logging.getLogger("grpokit")
 TRUNCATE_KEYS = ("rollout.truncate_prompt", "truncate_prompt")  # set explicitly: no --allow-truncation needed
@@ -89,27 +93,28 @@ def _score(cfg: GRPOConfig, tokenizer, rollout, examples: Sequence, group_size: 
             "length": rollout.completion_mask.sum(-1).float().cpu(), "truncated": rollout.truncated.float().cpu()}
 
 
-def decode_and_score(model, tokenizer, examples: Sequence, cfg: GRPOConfig, group_size: int, greedy: bool,
+def decode_and_score(model, tokenizer, examples: Sequence, cfg: GRPOConfig, group_size: int, *, greedy: bool,
                      progress: bool, desc: str, reward_funcs: list | None = None,
                      reward_extra: dict | None = None) -> dict[str, torch.Tensor]:
     """Decode `group_size` completions per example in fixed batches and score them; tensors [N]."""
     from tqdm import tqdm
-
-    from .rollout import sample_groups
 
     r = cfg.rollout
     parts: list[dict[str, torch.Tensor]] = []
     batch = max(1, EVAL_BATCH // group_size)
     for s in tqdm(range(0, len(examples), batch), desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
         chunk = examples[s:s + batch]
-        rollout = sample_groups(model, tokenizer, [ex.prompt for ex in chunk], group_size, r.max_completion_length,
-                                r.temperature, r.top_p, r.top_k, r.max_prompt_length, r.truncate_prompt, r.backend,
-                                greedy=greedy, chat_template_kwargs=cfg.task.chat_template_kwargs)
+        with fast.accelerated(model):     # grpokit's optional CPU speed-ups (the fast decoder's kernels)
+            rollout = sample_groups(model, tokenizer, [ex.prompt for ex in chunk], group_size,
+                                    r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
+                                    top_k=r.top_k, max_prompt_length=r.max_prompt_length,
+                                    truncate_prompt=r.truncate_prompt, backend=r.backend, greedy=greedy,
+                                    chat_template_kwargs=cfg.task.chat_template_kwargs)
         parts.append(_score(cfg, tokenizer, rollout, chunk, group_size, reward_funcs, reward_extra))
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int = -1, num_samples: int = 0,
+def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, *, limit: int = -1, num_samples: int = 0,
              ks: Sequence[int] = (1,), seed: int = 0, progress: bool | None = None,
              reward_funcs: list | None = None, reward_extra: dict | None = None) -> dict[str, float]:
     """Greedy (and optionally sampled) evaluation of `model` on the first `limit` examples.
@@ -142,8 +147,8 @@ def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int =
     if reward_funcs is None:  # built once: an rm: reward model is loaded once, on the policy's device
         reward_funcs = build_reward_funcs(cfg, next(model.parameters()).device)
     with _muted(prompt_log):
-        greedy = decode_and_score(model, tokenizer, examples, cfg, 1, True, progress, "eval greedy", reward_funcs,
-                         reward_extra)
+        greedy = decode_and_score(model, tokenizer, examples, cfg, 1, greedy=True, progress=progress,
+                                  desc="eval greedy", reward_funcs=reward_funcs, reward_extra=reward_extra)
     out = {"num_problems": float(len(examples)), "accuracy": float(greedy["correct"].mean()),
            **{k: float(torch.nanmean(v)) for k, v in greedy.items() if k.startswith("rewards/")},
            "reward_mean": float(torch.nanmean(greedy["reward"])), "format_rate": float(greedy["format"].mean()),
@@ -152,8 +157,8 @@ def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, limit: int =
     if num_samples:
         with torch.random.fork_rng(devices=[]), _muted(prompt_log):
             torch.manual_seed(seed)
-            sampled = decode_and_score(model, tokenizer, examples, cfg, num_samples, False, progress, "eval sampled",
-                                  reward_funcs, reward_extra)
+            sampled = decode_and_score(model, tokenizer, examples, cfg, num_samples, greedy=False, progress=progress,
+                                       desc="eval sampled", reward_funcs=reward_funcs, reward_extra=reward_extra)
         c = sampled["correct"].view(len(examples), num_samples).sum(-1)   # [problems] correct samples
         out.update({"num_samples": float(num_samples), "sampled_accuracy": float(sampled["correct"].mean()),
                     "sampled_reward_mean": float(torch.nanmean(sampled["reward"])),
@@ -197,8 +202,6 @@ def _muted(logger: logging.Logger) -> Iterator[None]:
 
 def eval_config(path: str | None, overrides: list[str]) -> GRPOConfig:
     """The run config to evaluate with: a YAML file, or the demo's embedded config, plus overrides."""
-    from .cli import train_config
-
     return train_config(path, overrides, resume=False, overwrite=False)
 
 
@@ -234,9 +237,6 @@ def main(argv: list[str]) -> int:
     if args.samples and any(not 1 <= k <= args.samples for k in ks):
         print(f"error: every --k must be between 1 and --samples ({args.samples}), got {args.k}", file=sys.stderr)
         return 2
-    from .models import load_model_and_tokenizer
-    from .tasks import load_examples
-
     split = args.split or cfg.task.eval_split
     limit = args.limit if args.limit is not None else (cfg.run.eval_limit or -1)
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)

@@ -59,7 +59,8 @@ class Panels:
                 xs = [c + (i - (len(series) - 1) / 2) * width for c in range(len(categories))]
                 ax.bar(xs, [0.0 if math.isnan(v) else v for v in values], width=width,
                        color=COLORS[i % len(COLORS)], label=name)
-            ax.set_xticks(range(len(categories)), list(categories), fontsize=8)
+            ax.set_xticks(range(len(categories)), list(categories), fontsize=8,
+                          rotation=30 if sum(len(c) for c in categories) > 60 else 0)
             self._axes(ax, title, xlabel, ylabel)
         self._draw.append(draw)
 

@@ -5,6 +5,7 @@ the pass-rate histograms and gradient share of the per-prompt history, and a gro
     bands = seed_bands(rows, "runs/sweeps/k", "eval/accuracy", x="completions")
     hist = pass_rate_histogram(history, steps=(1, 10), group_size=8)    # history: prompt_history.jsonl rows
     share = gradient_share(history, steps=(1, 400), group_size=8)
+    weight = group_weight(history, steps=(1, 400), group_size=8)     # one group's signal vs a 4/8 group's
     noise = advantage_noise(pool, group_sizes=(2, 4, 8), generator=torch.Generator().manual_seed(0))
 
 Definitions (G = group size; a group's pass rate k/G, k its correct completions):
@@ -156,6 +157,22 @@ def gradient_share(history: Sequence[dict[str, Any]], *, steps: tuple[int, int],
         mass[round(float(r["accuracy"]) * group_size)] += float(r[key])
     total = sum(mass)
     return [m / total if total > 0 else float("nan") for m in mass]
+
+
+def group_weight(history: Sequence[dict[str, Any]], *, steps: tuple[int, int], group_size: int,
+                 key: str = "adv_abs_tokens") -> list[float]:
+    """[G + 1] the mean of sum |A_i| * |o_i| (or `key`) over the groups of steps lo..hi with k = 0..G right,
+    divided by that of the groups with k = G // 2: how much one group of each pass rate weighs against a
+    half-right one (std scaling amplifies the low-variance k = 1 and k = G - 1). NaN for an empty bucket."""
+    rows = [r for r in _window(history, steps) if key in r]
+    mass, count = [0.0] * (group_size + 1), [0] * (group_size + 1)
+    for r in rows:
+        k = round(float(r["accuracy"]) * group_size)
+        mass[k] += float(r[key])
+        count[k] += 1
+    mean = [m / c if c else float("nan") for m, c in zip(mass, count)]
+    mid = mean[group_size // 2]
+    return [m / mid if mid and not math.isnan(mid) else float("nan") for m in mean]
 
 
 def advantage_noise(pool: torch.Tensor, *, group_sizes: Sequence[int], anchors: int = 8, resamples: int = 32,

@@ -6,15 +6,22 @@ Used by `grpokit.distributed.Distributed.save_checkpoint` / `.resume` when run.f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .distributed import Distributed
+from .checkpoint import point_latest, retire, rng_state, set_rng_state, swap_in
+from .config import build_config
+from .models import load_model_and_tokenizer
+
+if TYPE_CHECKING:  # grpokit.distributed calls this module: a type here only
+    from .distributed import Distributed
 
 log = logging.getLogger("grpokit")
 
@@ -29,8 +36,6 @@ def save_sharded(dist: Distributed, state: Any, out_dir: Path) -> Path:
     each rank writes its own), trainer_state.pt and config.json from rank 0, published by one rename."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
-    from .checkpoint import point_latest, retire, rng_state, swap_in
 
     final, tmp = out_dir / f"checkpoint-{state.step}", out_dir / f".tmp-checkpoint-{state.step}"
     if dist.is_main:
@@ -62,8 +67,6 @@ def resume_sharded(dist: Distributed, state: Any, out_dir: Path) -> bool:
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                          set_model_state_dict, set_state_dict)
 
-    from .checkpoint import set_rng_state
-
     found = _checkpoint_dirs(out_dir) if state.cfg.run.resume else []
     if not found:
         if state.cfg.run.resume:
@@ -93,13 +96,7 @@ def consolidate_checkpoint(folder: str | Path, out_dir: str | Path) -> Path:
     The shards are merged with torch.distributed.checkpoint's `dcp_to_torch_save` (no process group),
     loaded into the model named by the checkpoint's config, and saved with save_pretrained.
     """
-    import dataclasses
-    import tempfile
-
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    from .config import build_config
-    from .models import load_model_and_tokenizer
 
     folder, out = Path(folder), Path(out_dir)
     if not (folder / "sharded").is_dir():

@@ -11,8 +11,8 @@ memory traffic. Two C kernels per layer type (csrc/decode_kernels.c) replace the
       dx = r g - x r^3 (g . x) / H  with g = w * dy,    dw = sum_rows dy * x r
 
 The model's own modules stay in place (LoRA-wrapped projections included); `fused_ops(model)` swaps
-only the forward of MLP and RMSNorm modules of known classes, for the duration of a pass, and restores
-it after. Results equal the eager ops to float32 rounding.
+only the forward of MLP and RMSNorm modules of known classes, for the duration of a
+`grpokit.fast.accelerated` context, and restores it after. Results equal the eager ops to float32 rounding.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .native import DecodeKernels, kernels_for
+from .native import DecodeKernels, float32_cpu, kernels
 
 # Classes whose forward is exactly down_proj(act_fn(gate_proj(x)) * up_proj(x)).
 MLP_CLASSES = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP", "OlmoMLP", "Olmo2MLP", "GraniteMLP", "SmolLM3MLP")
@@ -40,7 +40,7 @@ class SiluMul(torch.autograd.Function):
         I = gate.shape[-1]
         n = gate.numel() // I
         out = torch.empty_like(gate)                                      # [..., I]
-        lib._silu_mul(gate.data_ptr(), up.data_ptr(), n, 0, I, n, I, out.data_ptr())
+        lib.silu_mul_rows(gate, up, rows=n, width=I, inner=n, outer_stride=0, inner_stride=I, out=out)
         ctx.save_for_backward(gate, up)
         ctx.lib = lib
         return out
@@ -51,8 +51,8 @@ class SiluMul(torch.autograd.Function):
         I = gate.shape[-1]
         n = gate.numel() // I
         d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
-        ctx.lib._silu_mul_bwd(gate.data_ptr(), up.data_ptr(), n, 0, I, d_out.contiguous().data_ptr(), n, I,
-                              d_gate.data_ptr(), d_up.data_ptr(), I)
+        ctx.lib.silu_mul_rows_bwd(gate, up, d_out.contiguous(), rows=n, width=I, inner=n, outer_stride=0,
+                                  inner_stride=I, d_gate=d_gate, d_up=d_up, d_stride=I)
         return d_gate, d_up, None
 
 
@@ -65,10 +65,10 @@ class GatedSiluMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gu: torch.Tensor, lib: DecodeKernels) -> torch.Tensor:
         A, N, I2 = gu.shape
-        out = gu.new_empty(A, N, I2 // 2)                                 # [A, N, I]
-        p = gu.data_ptr()
-        lib._silu_mul(p, p + I2 // 2 * gu.element_size(), N, gu.stride(0), gu.stride(1), A * N, I2 // 2,
-                      out.data_ptr())
+        I = I2 // 2
+        out = gu.new_empty(A, N, I)                                       # [A, N, I]
+        lib.silu_mul_rows(gu[..., :I], gu[..., I:], rows=A * N, width=I, inner=N, outer_stride=gu.stride(0),
+                          inner_stride=gu.stride(1), out=out)
         ctx.save_for_backward(gu)
         ctx.lib = lib
         return out
@@ -77,10 +77,11 @@ class GatedSiluMul(torch.autograd.Function):
     def backward(ctx, d_out: torch.Tensor):
         (gu,) = ctx.saved_tensors
         A, N, I2 = gu.shape
+        I = I2 // 2
         d_gu = gu.new_empty(A, N, I2)                                     # [A, N, 2 I]
-        p, dp, half = gu.data_ptr(), d_gu.data_ptr(), I2 // 2 * gu.element_size()
-        ctx.lib._silu_mul_bwd(p, p + half, N, gu.stride(0), gu.stride(1), d_out.contiguous().data_ptr(), A * N,
-                              I2 // 2, dp, dp + half, I2)
+        ctx.lib.silu_mul_rows_bwd(gu[..., :I], gu[..., I:], d_out.contiguous(), rows=A * N, width=I, inner=N,
+                                  outer_stride=gu.stride(0), inner_stride=gu.stride(1), d_gate=d_gu[..., :I],
+                                  d_up=d_gu[..., I:], d_stride=I2)
         return d_gu, None
 
 
@@ -102,7 +103,7 @@ class RMSNormFn(torch.autograd.Function):
         H = x.shape[-1]
         n = x.numel() // H
         out, r = torch.empty_like(x), x.new_empty(n)                      # [..., H], [n]
-        lib._rms_fwd(x.data_ptr(), weight.data_ptr(), eps, n, H, out.data_ptr(), r.data_ptr())
+        lib.rms_norm_fwd(x, weight, eps, out=out, rstd=r)
         ctx.save_for_backward(x, weight, r)
         ctx.lib = lib
         return out
@@ -115,8 +116,7 @@ class RMSNormFn(torch.autograd.Function):
         n = x.numel() // H
         parts = max(1, min(64, n))                                        # fixed row ranges: thread-count independent
         dx, dw = torch.empty_like(x), x.new_empty(parts, H)
-        ctx.lib._rms_bwd(x.data_ptr(), weight.data_ptr(), r.data_ptr(), dy.data_ptr(), n, H, parts, dx.data_ptr(),
-                         dw.data_ptr())
+        ctx.lib.rms_norm_bwd(x, weight, r, dy, parts=parts, dx=dx, dw_parts=dw)
         return dx, dw.sum(0), None, None
 
 
@@ -124,15 +124,17 @@ def _usable(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
 
 
-def _mlp_forward(mlp: torch.nn.Module, lib: DecodeKernels, x: torch.Tensor) -> torch.Tensor:
+def _mlp_forward(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     gate, up = mlp.gate_proj(x), mlp.up_proj(x)                           # [..., I] each
-    if _usable(gate, up) and gate.shape == up.shape:
+    lib = kernels()                                                       # loaded by the first call
+    if lib is not None and _usable(gate, up) and gate.shape == up.shape:
         return mlp.down_proj(SiluMul.apply(gate, up, lib))
     return mlp.down_proj(mlp.act_fn(gate) * up)                           # what the class's forward computes
 
 
-def _norm_forward(norm: torch.nn.Module, lib: DecodeKernels, x: torch.Tensor) -> torch.Tensor:
-    if _usable(x, norm.weight) and norm.weight.shape == x.shape[-1:]:
+def _norm_forward(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    lib = kernels()
+    if lib is not None and _usable(x, norm.weight) and norm.weight.shape == x.shape[-1:]:
         return RMSNormFn.apply(x, norm.weight, float(norm.variance_epsilon), lib)
     return type(norm).forward(norm, x)
 
@@ -157,10 +159,9 @@ def fused_ops(model: torch.nn.Module) -> Iterator[None]:
     """For the duration, the model's gated-SiLU MLPs (`MLP_CLASSES`) and RMSNorms (`RMSNORM_CLASSES`) run
     `SiluMul` and `RMSNormFn` where the kernels apply (float32 on the CPU); else nothing changes.
     Not for passes under activation checkpointing: the recompute runs later, with the class's forward."""
-    lib = kernels_for(model)
-    swapped = [] if lib is None else [m for m in model.modules() if _swappable(m)]
-    for m in swapped:
-        m.forward = functools.partial(_mlp_forward if type(m).__name__ in MLP_CLASSES else _norm_forward, m, lib)
+    swapped = [m for m in model.modules() if _swappable(m)] if float32_cpu(model) else []
+    for m in swapped:       # the library is loaded by the first call (inside a pass), not here
+        m.forward = functools.partial(_mlp_forward if type(m).__name__ in MLP_CLASSES else _norm_forward, m)
     try:
         yield
     finally:

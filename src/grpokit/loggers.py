@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from .config import ConfigError, _suggest
+from .errors import ConfigError, suggest
 
 # report_to name -> the package it needs
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
@@ -54,7 +54,7 @@ def resolve_report_to(report_to: Sequence[str] | str | None) -> list[str]:
     out = []
     for name in names:
         if name not in PACKAGES:
-            raise ConfigError(f"run.report_to: unknown logger '{name}'{_suggest(name, PACKAGES)}: use any of "
+            raise ConfigError(f"run.report_to: unknown logger '{name}'{suggest(name, PACKAGES)}: use any of "
                               f"{', '.join(PACKAGES)}, all, or none")
         if importlib.util.find_spec(PACKAGES[name]) is None:
             raise ConfigError(f"run.report_to includes {name} but the {PACKAGES[name]} package is not installed: "

@@ -8,20 +8,18 @@ lm-head, logsumexp and gather run over chunks of rows so only [chunk, V] logits 
 With gradients on, each chunk is recomputed in backward (activation checkpointing) so the saved
 state is the [B, T, H] hidden states, not [B, T, V] logits. Rows that share a prompt (a GRPO group)
 run that prompt through the decoder once (`shared_prompt_hidden`).
+
+This is the plain path: PyTorch ops only. The optional CPU kernels (C attention, fused SiLU x up and
+RMSNorm, grouped keys/values in SDPA) are switched on around it by `grpokit.fast.accelerated`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import os
-from collections.abc import Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .attention import kernel_attention
-from .fused_ops import fused_ops
 from .precision import autocast_for, compute_dtype
 
 # Architectures whose decoder takes a transformers DynamicCache with the usual (ids, mask, positions).
@@ -74,6 +72,7 @@ def per_token_logprobs(
     input_ids: torch.Tensor,          # [B, P + T] prompt (left-padded) followed by completion tokens
     attention_mask: torch.Tensor,     # [B, P + T]
     completion_length: int,           # T
+    *,
     temperature: float = 1.0,
     chunk_rows: int = 1024,
     return_entropy: bool = False,
@@ -91,12 +90,10 @@ def per_token_logprobs(
     """
     T = completion_length
     targets = input_ids[:, -T:]                                           # [B, T]
-    # Not under activation checkpointing: its recompute runs in backward, after the swap, with the class's forward.
-    ops = contextlib.nullcontext() if checkpointing_enabled(model) else fused_ops(model)
-    with kernel_attention(model), ops, autocast_for(model):              # C kernels (fp32, CPU); bf16 matmuls
+    with autocast_for(model):                                             # bf16 matmuls in mixed precision
         hidden, weight, bias = _final_hidden(model, input_ids, attention_mask, T, share_prompts)
-    return head_logprobs(hidden, targets, weight, bias, temperature, chunk_rows, return_entropy,
-                         compute_dtype=compute_dtype(model))
+    return head_logprobs(hidden, targets, weight, bias, temperature=temperature, chunk_rows=chunk_rows,
+                         return_entropy=return_entropy, compute_dtype=compute_dtype(model))
 
 
 def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int, share_prompts: bool):
@@ -166,7 +163,7 @@ def _plain_tensors(*tensors) -> bool:
 
 
 def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                  temperature: float, chunk_rows: int = 1024, return_entropy: bool = False,
+                  *, temperature: float, chunk_rows: int = 1024, return_entropy: bool = False,
                   compute_dtype: torch.dtype | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Final hidden states [B, T, H] (or logits [B, T, V] when weight is None) -> log-probs of targets [B, T].
 
@@ -242,7 +239,7 @@ def cache_kwarg(module) -> str:
 def checkpointing_enabled(model) -> bool:
     model = model.get_base_model() if hasattr(model, "get_base_model") else model   # a PeftModel: its base
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):   # transformers 5 / 4 names
-        if name in dir(type(model)):
+        if hasattr(type(model), name):                                    # a property of the class
             return bool(getattr(model, name))
     return False
 
@@ -263,8 +260,7 @@ def shared_prompt_hidden(model, input_ids: torch.Tensor, attention_mask: torch.T
     p_ids, p_mask = uniq[:, :P], uniq[:, P:].to(attention_mask.dtype)
     dec = model.get_decoder()
     cache_arg = cache_kwarg(dec)
-    with _grouped_kv_with_masks(input_ids.device):
-        return _two_pass_hidden(dec, cache_arg, model.config, input_ids, attention_mask, p_ids, p_mask, inv, T)
+    return _two_pass_hidden(dec, cache_arg, model.config, input_ids, attention_mask, p_ids, p_mask, inv, T)
 
 
 def _two_pass_hidden(dec, cache_arg: str, config, input_ids, attention_mask, p_ids, p_mask, inv, T: int):
@@ -294,26 +290,6 @@ def _select_cache_rows(cache, rows: torch.Tensor) -> None:
         return
     for layer in layers:
         layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
-
-
-@contextlib.contextmanager
-def _grouped_kv_with_masks(device: torch.device) -> Iterator[None]:
-    """On CPU, let transformers' SDPA path pass grouped keys/values (enable_gqa) together with a mask.
-
-    The completion pass always carries a mask (it starts at an offset into the cache), and transformers
-    then copies each key/value head to every query head it serves (`repeat_kv`), because CUDA kernels
-    need that with a mask; the copies are saved for backward (2 x [B, heads, P+T, hd] per layer). torch's
-    CPU kernel takes a mask with grouped heads directly, so on CPU the switch
-    TRANSFORMERS_SDPA_FORCE_GQA is set for the duration of the call (and restored after).
-    """
-    if device.type != "cpu" or os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA") is not None:
-        yield
-        return
-    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
-    try:
-        yield
-    finally:
-        del os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]
 
 
 def length_buckets(lengths: torch.Tensor, max_rows: int, overhead_tokens: float) -> list[torch.Tensor]:

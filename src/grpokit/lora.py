@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import torch
 
 from .config import ModelConfig
+from .reference import eval_mode, frozen_reference
 
 log = logging.getLogger("grpokit")
 
@@ -111,8 +112,6 @@ class DisabledAdapterReference(torch.nn.Module):
     @contextlib.contextmanager
     def base_model_mode(self) -> Iterator[None]:
         """Adapters off and eval mode (no dropout) for the duration; the policy's mode is restored."""
-        from .models import eval_mode
-
         with eval_mode(self._policy), self._policy.disable_adapter():
             yield
 
@@ -140,8 +139,6 @@ def reference_for(model: torch.nn.Module) -> torch.nn.Module:
     """The reference model: adapters disabled for a LoRA policy, else a frozen deep copy."""
     if is_peft_model(model):
         return DisabledAdapterReference(model)
-    from .models import frozen_reference
-
     return frozen_reference(model)
 
 

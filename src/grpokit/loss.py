@@ -38,10 +38,15 @@ batch's counts makes micro-batch losses sum to the big-batch loss for grpo, dr_g
 
 from __future__ import annotations
 
+import typing
+
 import torch
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-IS_LEVELS = ("token", "sequence")
+from .choices import ImportanceSamplingLevel, LossType
+from .logprobs import per_token_logprobs
+
+LOSS_TYPES = typing.get_args(LossType)  # declared once in grpokit.choices (the config field's type)
+IS_LEVELS = typing.get_args(ImportanceSamplingLevel)
 
 
 def k3_kl(new_logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -217,8 +222,6 @@ def grpo_loss(model, rollout, advantages: torch.Tensor, ref_model=None, old_logp
     arguments (loss_type, clip_eps_high, importance_sampling_level, ...) go to
     `grpo_objective_from_logprobs`.
     """
-    from .logprobs import per_token_logprobs
-
     T = rollout.completion_ids.shape[1]
     new = per_token_logprobs(model, rollout.input_ids, rollout.attention_mask, T, temperature=temperature)
     ref = None

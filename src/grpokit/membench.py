@@ -25,11 +25,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+
+from . import fast
+from .config import ModelConfig, build_config
+from .errors import UserError
+from .lora import reference_for
+from .metrics import PhaseTimer, peak_rss_mib
+from .models import load_model_and_tokenizer
+from .ppo import build_critic, ppo_learn
+from .rollout import sample_groups
+from .state import TrainState, make_optimizer
+from .testing_models import bench_prompts, build_tokenizer, digit_reward, random_qwen2
+from .trainer import compute_advantages
+from .update import forward_logprobs, policy_update
 
 SIDES = ("grpo", "ppo", "trl", "trl-micro")
 CHUNK_ROWS = 1024  # per_token_logprobs' default lm-head chunk, used by the trainer
@@ -73,44 +87,20 @@ def memory_breakdown(models: list[torch.nn.Module], optimizers: list[Any], peak_
 
 def build_bench_model(args) -> tuple[torch.nn.Module, Any]:
     """The bench's small random-init Qwen2 with `args.vocab` tokens, or a local model / alias (--model)."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from .bench import SIZES, build_tokenizer
-    from .config import ModelConfig
-    from .models import load_model_and_tokenizer
-
     if args.model:
         return load_model_and_tokenizer(ModelConfig(name_or_path=args.model, device=args.device), seed=args.seed)
     tok = build_tokenizer(args.vocab)
-    s = SIZES["small"]
-    cfg = Qwen2Config(vocab_size=args.vocab, hidden_size=s["hidden"], num_hidden_layers=s["layers"],
-                      num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
-                      intermediate_size=s["intermediate"], max_position_embeddings=4096,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(args.seed)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    model.generation_config.pad_token_id = tok.pad_token_id
+    model = random_qwen2(tok, "small", args.vocab, args.seed)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
     return model.to(device).train(), tok
 
 
 def _peak_mib(cuda: bool) -> float:
-    from .metrics import peak_rss_mib
-
     return torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mib()
 
 
 def run_grpokit(args, model, tok, baseline: float) -> dict[str, Any]:
     """grpokit's GRPO or PPO steps on the bench work (the trainer's phases, EOS blocked)."""
-    from .bench import bench_prompts, digit_reward
-    from .config import build_config
-    from .lora import reference_for
-    from .metrics import PhaseTimer
-    from .ppo import build_critic, ppo_learn
-    from .rollout import sample_groups
-    from .trainer import TrainState, compute_advantages, forward_logprobs, make_optimizer, policy_update
-
     B, G, T = args.prompts, args.num_generations, args.completion_length
     cfg = build_config({"loss.beta": 0.04, "loss.loss_type": "grpo", "loss.algorithm": args.side,
                         "rollout.num_generations": G, "rollout.prompts_per_step": B,
@@ -121,14 +111,16 @@ def run_grpokit(args, model, tok, baseline: float) -> dict[str, Any]:
                        critic=build_critic(model, cfg) if args.side == "ppo" else None)
     for _ in range(args.steps):
         timer = PhaseTimer()
-        r = sample_groups(model, tok, bench_prompts(B), G, T, suppress_eos=True)
-        rewards = torch.tensor(digit_reward(r.completions))
-        if args.side == "ppo":
-            ppo_learn(state, r, rewards, timer)
-        else:
-            ref_lp = forward_logprobs(state.ref_model, r, cfg)
-            adv = compute_advantages(cfg, r, rewards, None)
-            policy_update(state, r, adv, None, ref_lp, r.completion_mask.float(), timer)
+        with fast.accelerated(model, cfg, ref_model=state.ref_model):   # as the trainer's steps run
+            r = sample_groups(model, tok, bench_prompts(B), G, T, suppress_eos=True)
+            rewards = torch.tensor(digit_reward(r.completions))
+            if args.side == "ppo":
+                ppo_learn(state, r, rewards, timer)
+            else:
+                ref_lp = forward_logprobs(state.ref_model, r, cfg)
+                adv = compute_advantages(cfg, r, rewards, None)
+                policy_update(state, r, adv, old_lp=None, ref_lp=ref_lp, loss_mask=r.completion_mask.float(),
+                              timer=timer)
     models = [model, state.ref_model] + ([state.critic.model] if state.critic else [])
     opts = [optimizer] + ([state.critic.optimizer] if state.critic else [])
     rows = min(CHUNK_ROWS, (args.micro_batch_size or B * G) * T)
@@ -142,8 +134,6 @@ def run_trl(args, model, tok, baseline: float) -> dict[str, Any]:
 
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
-
-    from .bench import bench_prompts, digit_reward
 
     B, G, T = args.prompts, args.num_generations, args.completion_length
     per_pass = args.micro_batch_size if args.side == "trl-micro" else B * G
@@ -184,9 +174,21 @@ def run_side(args) -> dict[str, Any]:
 def _spawn(args, side: str) -> dict[str, Any]:
     argv = [a for a in args.argv if a != "--memory"]
     cmd = [sys.executable, "-m", "grpokit.membench", *argv, "--side", side]
-    from .bench import run_json_side
-
     return run_json_side(cmd, f"bench --memory: the {side} side")
+
+
+def run_json_side(cmd: list[str], what: str) -> dict:
+    """Run one benchmark side in a fresh interpreter (its own peak RSS); its last JSON line."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+        if proc.returncode == 2 and errors:  # the child's one-line user error (grpokit.errors) is ours
+            raise UserError(errors[-1][len("error: "):])
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"{what} failed (exit {proc.returncode}); its stderr is above")
+    return json.loads(lines[-1])
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:

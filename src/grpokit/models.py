@@ -7,18 +7,18 @@ importing it), or the built-in models whose tokenizer is built with the `tokeniz
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib.util
 import logging
 import string
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from safetensors import SafetensorError
 
 from .config import ModelConfig
+from .lora import wrap_lora
+from .reference import eval_mode, frozen_reference, sync_reference  # noqa: F401  (public here too)
 
 log = logging.getLogger("grpokit")
 
@@ -52,7 +52,7 @@ def build_char_tokenizer():
                                    bos_token="<bos>", unk_token="<unk>", padding_side="left")
 
 
-def tiny_config(vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+def tiny_config(vocab_size: int, *, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                 intermediate: int = 128, max_positions: int = 1024, tokenizer=None):
     """A small Qwen2 config (random init is cheap enough for tests on CPU)."""
     from transformers import Qwen2Config
@@ -203,8 +203,6 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     if cfg.lora_r > 0:  # adapters only; the reference becomes this model with adapters disabled
-        from .lora import wrap_lora
-
         model = wrap_lora(model, cfg)
     model.train()
     return model, tokenizer
@@ -229,31 +227,3 @@ def check_tokenizer_fits(tokenizer, model, where: str) -> None:
     if len(tokenizer) > rows:
         raise ModelError(f"the tokenizer of '{where}' has {len(tokenizer)} tokens but the model embeds only "
                          f"{rows}: use the tokenizer that was trained with this model")
-
-
-def frozen_reference(model) -> torch.nn.Module:
-    """A frozen copy of the policy: pi_ref, kept in eval mode with no gradients."""
-    ref = copy.deepcopy(model)
-    ref.eval()
-    ref.requires_grad_(False)
-    return ref
-
-
-@torch.no_grad()
-def sync_reference(ref: torch.nn.Module, policy: torch.nn.Module, alpha: float) -> None:
-    """Iterative GRPO's reference update: ref <- alpha * policy + (1 - alpha) * ref (alpha = 1: reset)."""
-    for r, p in zip(ref.parameters(), policy.parameters()):
-        r.mul_(1.0 - alpha).add_(p.detach(), alpha=alpha) if alpha < 1 else r.copy_(p.detach())
-
-
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """model.eval() for the duration (no dropout), then every submodule's own mode back: a plain
-    model.train(was_training) would also switch on blocks the caller had frozen in eval mode."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield model
-    finally:
-        for m, training in modes:
-            m.training = training

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -61,13 +62,38 @@ _SIGNATURES = {
 _loaded: DecodeKernels | None | bool = False      # False: not tried yet
 
 
+class DecodeDims(NamedTuple):
+    """A decoder's sizes, as `DecodeKernels.decode_step` takes them."""
+
+    hidden: int          # H
+    intermediate: int    # I, the MLP width
+    heads: int           # nh
+    kv_heads: int        # nkv
+    head_dim: int        # hd
+
+
+def _int64s(*values: int) -> ctypes.Array:
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    """A tensor's data address for a C pointer argument (None: NULL)."""
+    return None if t is None else t.data_ptr()
+
+
+def _qkv_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """q, k, v as the attention kernels take them: each pointer followed by its leading strides."""
+    return (_ptr(q), _int64s(*q.stride()[:3]), _ptr(k), _int64s(*k.stride()[:2]), _ptr(v),
+            _int64s(*v.stride()[:2]))
+
+
 def cache_dir() -> Path:
     root = os.environ.get("GRPOKIT_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "grpokit")
     return Path(root)
 
 
-def _cpu_id() -> str:
+def cpu_id() -> str:
     """What -march=native depends on: the CPU's feature flags where Linux lists them."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -78,24 +104,25 @@ def _cpu_id() -> str:
     return platform.machine() + platform.processor()
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
 def build(out_dir: Path | None = None) -> Path | None:
     """Compile the kernels (or find them already built); the library's path, or None when no build works."""
-    cc = _compiler()
+    cc = compiler()
     if cc is None or not all(f.is_file() for f in SOURCES + HEADERS):    # no compiler, or an install without csrc/
         return None
     src = b"\0".join(f.read_bytes() for f in SOURCES + HEADERS)
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30,
+                                 check=False).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError):
         return None                                                       # CC names no runnable compiler
     out_dir = out_dir or cache_dir()
     for flags in FLAG_SETS:
         key = hashlib.sha256(b"\0".join([src, " ".join(flags + _COMMON).encode(), str(version).encode(),
-                                         _cpu_id().encode()])).hexdigest()[:16]
+                                         cpu_id().encode()])).hexdigest()[:16]
         lib = out_dir / f"decode_kernels-{key}.so"
         if lib.is_file():
             return lib
@@ -104,7 +131,7 @@ def build(out_dir: Path | None = None) -> Path | None:
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)    # then an atomic rename: racing builds are safe
             os.close(fd)
             proc = subprocess.run([cc, *_COMMON, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True,
-                                  text=True, timeout=120)
+                                  text=True, timeout=120, check=False)
             if proc.returncode == 0:
                 os.replace(tmp, lib)
                 return lib
@@ -115,28 +142,104 @@ def build(out_dir: Path | None = None) -> Path | None:
 
 
 class DecodeKernels:
-    """ctypes bindings of the kernels; arguments are checked by the caller (`LeanDecoder`, `WholeStep`)."""
+    """ctypes bindings of the kernels, one typed method each; shapes are checked by the caller (`LeanDecoder`,
+    `WholeStep`, `attention.KernelAttention`, `fused_ops`). Tensors are float32 (int64 for ids, positions),
+    contiguous unless a stride argument says otherwise; outputs are written in place."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         for name, args in _SIGNATURES.items():
             getattr(lib, name).argtypes = args
             getattr(lib, name).restype = None
-        self._add_rms, self._rope_attend, self._sample = lib.gk_add_rms, lib.gk_rope_attend, lib.gk_sample
-        self._silu_mul, self._silu_mul_bwd = lib.gk_silu_mul, lib.gk_silu_mul_bwd
-        self._rms_fwd, self._rms_bwd = lib.gk_rms_fwd, lib.gk_rms_bwd
-        self._decode_step, self._lib_linear = lib.gk_decode_step, lib.gk_linear
-        self._linear_packed, self._pack_panels = lib.gk_linear_packed, lib.gk_pack_panels
-        self._attention_fwd, self._attention_bwd = lib.gk_attention_fwd, lib.gk_attention_bwd
+        self.lib = lib
         lib.gk_vector_width.restype = ctypes.c_int
         self.vector_width = lib.gk_vector_width()  # 8: the AVX2 paths are compiled in; 1: plain C
         self.whole_step = _hand_over_sgemm(lib)   # False: no usable BLAS symbol, the per-layer path only
+
+    def silu_mul_rows(self, gate: torch.Tensor, up: torch.Tensor, *, rows: int, width: int, inner: int,
+                      outer_stride: int, inner_stride: int, out: torch.Tensor) -> None:
+        """out [rows, width] = silu(gate) * up. Row r of gate and up starts (r // inner) * outer_stride +
+        (r % inner) * inner_stride floats after their first element (gate and up may be two halves of one
+        fused [gate | up] tensor: pass the two views)."""
+        self.lib.gk_silu_mul(_ptr(gate), _ptr(up), inner, outer_stride, inner_stride, rows, width, _ptr(out))
+
+    def silu_mul_rows_bwd(self, gate: torch.Tensor, up: torch.Tensor, d_out: torch.Tensor, *, rows: int,
+                          width: int, inner: int, outer_stride: int, inner_stride: int, d_gate: torch.Tensor,
+                          d_up: torch.Tensor, d_stride: int) -> None:
+        """Backward of `silu_mul_rows` from d_out [rows, width]; row r of d_gate and d_up at r * d_stride."""
+        self.lib.gk_silu_mul_bwd(_ptr(gate), _ptr(up), inner, outer_stride, inner_stride, _ptr(d_out), rows,
+                                 width, _ptr(d_gate), _ptr(d_up), d_stride)
+
+    def rms_norm_fwd(self, x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor,
+                     rstd: torch.Tensor) -> None:
+        """out [..., H] = weight * x * rstd, rstd [rows] = 1 / sqrt(mean(x^2) + eps) (kept for backward)."""
+        H = x.shape[-1]
+        self.lib.gk_rms_fwd(_ptr(x), _ptr(weight), eps, x.numel() // H, H, _ptr(out), _ptr(rstd))
+
+    def rms_norm_bwd(self, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, *,
+                     parts: int, dx: torch.Tensor, dw_parts: torch.Tensor) -> None:
+        """dx [..., H] and dw_parts [parts, H] (partial sums over fixed row ranges; sum them) from dy."""
+        H = x.shape[-1]
+        self.lib.gk_rms_bwd(_ptr(x), _ptr(weight), _ptr(rstd), _ptr(dy), x.numel() // H, H, parts, _ptr(dx),
+                            _ptr(dw_parts))
+
+    def attention_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
+                      scale: float, out: torch.Tensor, lse: torch.Tensor) -> None:
+        """q [B, H, L, hd], k, v [B, Hkv, S, hd] (each key's hd floats contiguous), mask [B, L, S] uint8 ->
+        out [B, L, H, hd] = softmax(q k^T scale, masked) v and lse [B, L, H] (csrc/attention_train.c)."""
+        B, H, L, hd = q.shape
+        Hkv, S = k.shape[1], k.shape[2]
+        self.lib.gk_attention_fwd(*_qkv_args(q, k, v), _ptr(mask), B, H, Hkv, L, S, hd, scale, _ptr(out),
+                                  _ptr(lse))
+
+    def attention_bwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      out: torch.Tensor, d_out: torch.Tensor, lse: torch.Tensor, *, scale: float,
+                      dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+        """Backward of `attention_fwd`: d_out [B, L, H, hd] (contiguous) -> dq, dk, dv (contiguous, whole)."""
+        B, H, L, hd = q.shape
+        Hkv, S = k.shape[1], k.shape[2]
+        self.lib.gk_attention_bwd(*_qkv_args(q, k, v), _ptr(mask), _ptr(out), _ptr(d_out), _ptr(lse),
+                                  B, H, Hkv, L, S, hd, scale, _ptr(dq), _ptr(dk), _ptr(dv))
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
+               out: torch.Tensor) -> None:
+        """out [M, N] = x [M, K] W[N, K]^T + b through the handed-over sgemm."""
+        (M, K), N = x.shape, weight.shape[0]
+        self.lib.gk_linear(_ptr(x), M, K, _ptr(weight), _ptr(bias), N, _ptr(out))
+
+    def linear_packed(self, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, *, n_out: int,
+                      out: torch.Tensor) -> None:
+        """out [M, n_out] = x [M, K] W^T + b with W in `pack_panels` layout and b padded (`pad_bias`)."""
+        M, K = x.shape
+        self.lib.gk_linear_packed(_ptr(x), M, K, _ptr(panels), _ptr(bias), n_out, _ptr(out))
+
+    def decode_step(self, *, layers: int, weights: ctypes.Array, final_norm: torch.Tensor,
+                    head_w: torch.Tensor, head_b: torch.Tensor | None, embed: torch.Tensor, tok: torch.Tensor,
+                    dims: DecodeDims, eps: float, scale: float, pos: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor, kv: torch.Tensor, slot: int, key_mask: torch.Tensor,
+                    work: torch.Tensor, logits: torch.Tensor, threads: int, packed: bool) -> None:
+        """One decode step of every layer and the lm-head for tok [n] at positions pos [n]: logits [n, V].
+
+        weights: each layer's tensors in `_layer_tensors` order (pointers); kv [layers, 2, R, nkv, S, hd]
+        (slot `slot` written); key_mask [n, >= slot + 1] (uint8/bool); work: scratch (see whole_step.c);
+        threads: row ranges run in parallel; packed: the matrices are in `pack_panels` layout."""
+        n, V = logits.shape
+        d = dims
+        self.lib.gk_decode_step(layers, weights, _ptr(final_norm), _ptr(head_w), _ptr(head_b), V, _ptr(embed),
+                                _ptr(tok), n, d.hidden, d.intermediate, d.heads, d.kv_heads, d.head_dim, eps,
+                                scale, _ptr(pos), _ptr(cos), _ptr(sin), _ptr(kv), kv.shape[2], kv.shape[4],
+                                slot, _ptr(key_mask), key_mask.stride(0), _ptr(work), _ptr(logits), threads,
+                                int(packed))
+
+    def pack_panels_into(self, weight: torch.Tensor, out: torch.Tensor) -> None:
+        """out [ceil(N/16), K, 16] = W [N, K] in panels (see `pack_panels`)."""
+        N, K = weight.shape
+        self.lib.gk_pack_panels(_ptr(weight), N, K, _ptr(out))
 
     def add_rms(self, h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float,
                 out: torch.Tensor) -> None:
         """h [n, H] += y [n, H] (in place; y None: no add); out [n, H] = RMSNorm(h) * weight."""
         n, H = h.shape
-        self._add_rms(h.data_ptr(), None if y is None else y.data_ptr(), weight.data_ptr(), eps, n, H,
-                      out.data_ptr())
+        self.lib.gk_add_rms(_ptr(h), _ptr(y), _ptr(weight), eps, n, H, _ptr(out))
 
     def rope_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, kv: torch.Tensor,
@@ -144,19 +247,16 @@ class DecodeKernels:
         """qkv [n, (heads + 2 kv_heads) hd]; kv [2, n, kv_heads, S, hd] (slot `slot` written);
         key_mask [n, >= slot + 1] bool; out [n, heads hd] = attention over slots 0..slot."""
         _, n, nkv, S, hd = kv.shape
-        self._rope_attend(qkv.data_ptr(), pos.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                          None if q_norm is None else q_norm.data_ptr(),
-                          None if k_norm is None else k_norm.data_ptr(), eps,
-                          kv[0].data_ptr(), kv[1].data_ptr(), S, slot, key_mask.data_ptr(), key_mask.stride(0),
-                          n, heads, nkv, hd, scale, out.data_ptr())
-
+        self.lib.gk_rope_attend(_ptr(qkv), _ptr(pos), _ptr(cos), _ptr(sin), _ptr(q_norm), _ptr(k_norm),
+                                eps, _ptr(kv[0]), _ptr(kv[1]), S, slot, _ptr(key_mask), key_mask.stride(0), n,
+                                heads, nkv, hd, scale, _ptr(out))
 
     def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
         """gu [n, 2 I] = [gate | up] -> silu(gate) * up [n, I]."""
         n, I2 = gu.shape
         out = gu.new_empty(n, I2 // 2)
-        self._silu_mul(gu.data_ptr(), gu.data_ptr() + I2 // 2 * gu.element_size(), n, 0, I2, n, I2 // 2,
-                       out.data_ptr())
+        self.silu_mul_rows(gu[:, :I2 // 2], gu[:, I2 // 2:], rows=n, width=I2 // 2, inner=n, outer_stride=0,
+                           inner_stride=I2, out=out)
         return out
 
     def sample(self, logits: torch.Tensor, temperature: float, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,8 +266,7 @@ class DecodeKernels:
         n, V = logits.shape
         u = None if greedy else torch.rand(n)
         tok, lp = torch.empty(n, dtype=torch.long), torch.empty(n)
-        self._sample(logits.data_ptr(), n, V, temperature, None if u is None else u.data_ptr(), int(greedy),
-                     tok.data_ptr(), lp.data_ptr())
+        self.lib.gk_sample(_ptr(logits), n, V, temperature, _ptr(u), int(greedy), _ptr(tok), _ptr(lp))
         return tok, lp
 
 
@@ -179,7 +278,7 @@ def pack_panels(W: torch.Tensor, k: DecodeKernels) -> torch.Tensor:
     gk_linear_packed's layout, in which a tile reads 16 output columns' weights for one k as one line."""
     N, K = W.shape
     out = W.new_empty(-(-N // PANEL), K, PANEL)
-    k._pack_panels(W.data_ptr(), N, K, out.data_ptr())
+    k.pack_panels_into(W, out)
     return out
 
 
@@ -271,12 +370,12 @@ class WholeStep:
         V, H = d.head.weight.shape
         tok, pos, key_mask = tok.contiguous(), pos.contiguous(), key_mask.contiguous()
         logits = head_w.new_empty(n, V)
-        self.k._decode_step(len(d.layers), self.ptrs, d.final_norm.data_ptr(), head_w.data_ptr(),
-                            None if head_b is None else head_b.data_ptr(), V, d.embed.data_ptr(), tok.data_ptr(), n,
-                            H, self.I, d.nh, d.nkv, d.hd, d.eps, d.layers[0]["scale"], pos.data_ptr(),
-                            d.cos.data_ptr(), d.sin.data_ptr(), d.kv.data_ptr(), d.kv.shape[2], d.kv.shape[4], slot,
-                            key_mask.data_ptr(), key_mask.stride(0), self.work.data_ptr(), logits.data_ptr(),
-                            max(1, min(torch.get_num_threads(), n)), int(self.panels))
+        self.k.decode_step(layers=len(d.layers), weights=self.ptrs, final_norm=d.final_norm, head_w=head_w,
+                           head_b=head_b, embed=d.embed, tok=tok,
+                           dims=DecodeDims(H, self.I, d.nh, d.nkv, d.hd),
+                           eps=d.eps, scale=d.layers[0]["scale"], pos=pos, cos=d.cos, sin=d.sin, kv=d.kv,
+                           slot=slot, key_mask=key_mask, work=self.work, logits=logits,
+                           threads=max(1, min(torch.get_num_threads(), n)), packed=self.panels)
         return logits
 
 
@@ -319,6 +418,13 @@ def kernels() -> DecodeKernels | None:
             else:
                 _loaded = DecodeKernels(ctypes.CDLL(str(path)))
     return _loaded
+
+
+def float32_cpu(model) -> bool:
+    """Whether the model computes in float32 on the CPU, judged by its first parameter: a cheap look for
+    the training passes' swaps (attention.py, fused_ops.py), whose kernels check each tensor they get."""
+    p = next(model.parameters(), None)
+    return p is not None and p.device.type == "cpu" and p.dtype == torch.float32
 
 
 def kernels_for(model) -> DecodeKernels | None:

@@ -169,7 +169,7 @@ def _expand(series: list[tuple[str, str]], keys: set[str]) -> list[tuple[str, st
     return out
 
 
-def _draw_panel(ax, panel: Panel, runs: list[Run], smooth: float) -> None:
+def draw_panel(ax, panel: Panel, runs: list[Run], smooth: float) -> None:
     keys = set().union(*(r.keys() for r in runs))
     series = _expand(panel.series, keys)
     multi = len(runs) > 1
@@ -211,7 +211,7 @@ def _style(ax, title: str, ylabel: str) -> None:
         ax.legend(fontsize=8, loc="best")
 
 
-def _new_figure(n_panels: int, title: str, runs: list[Run], smooth: float):
+def new_figure(n_panels: int, title: str, runs: list[Run], smooth: float):
     from matplotlib.figure import Figure
 
     rows = 1 if n_panels <= 3 else 2                   # wide figures wrap onto two rows
@@ -248,7 +248,7 @@ def phase_series(run: Run) -> dict[str, list[float]]:
 
 def time_figure(runs: list[Run], smooth: float):
     """Stacked area of seconds per phase, one panel per run (shared y), then tokens/s overlaid."""
-    fig, axes = _new_figure(len(runs) + 1, "Wall time per step", runs, smooth)
+    fig, axes = new_figure(len(runs) + 1, "Wall time per step", runs, smooth)
     for ax, run in zip(axes, runs):
         steps = [float(r["step"]) for r in run.metrics if "time/step" in r]
         phases = phase_series(run)
@@ -268,7 +268,7 @@ def time_figure(runs: list[Run], smooth: float):
         top = max(ax.get_ylim()[1] for ax in axes[:-1])
         for ax in axes[:-1]:
             ax.set_ylim(0, top)
-    _draw_panel(axes[-1], Panel("Throughput", "completion tokens / second (step)",
+    draw_panel(axes[-1], Panel("Throughput", "completion tokens / second (step)",
                                 [("tokens_per_s", "end to end"), ("generate_tokens_per_s", "generation")]),
                 runs, smooth)
     return fig
@@ -284,16 +284,16 @@ def figures(runs: list[Run], smooth: float = DEFAULT_SMOOTH) -> dict[str, Any]:
     """{name: matplotlib Figure} for the given runs (no files, no pyplot state)."""
     out = {}
     for name, (title, panels) in FIGURES.items():
-        fig, axes = _new_figure(len(panels), title, runs, smooth)
+        fig, axes = new_figure(len(panels), title, runs, smooth)
         for ax, panel in zip(axes, panels):
-            _draw_panel(ax, panel, runs, smooth)
+            draw_panel(ax, panel, runs, smooth)
         out[name] = fig
     out["time"] = time_figure(runs, smooth)
     if any(k.startswith("rewards/rm:") for r in runs for k in r.keys()):  # a learned RM: is it hacked?
-        fig, (ax,) = _new_figure(1, "Learned reward vs verified accuracy", runs, smooth)
+        fig, (ax,) = new_figure(1, "Learned reward vs verified accuracy", runs, smooth)
         fig.set_size_inches(10.0, 5.0)  # one panel: the legend names the runs, the title only the figure
         fig.suptitle(f"Learned reward vs verified accuracy (smoothing {smooth:g})", fontsize=12)
-        _draw_panel(ax, LEARNED_VS_VERIFIED, runs, smooth)
+        draw_panel(ax, LEARNED_VS_VERIFIED, runs, smooth)
         out["reward_vs_verified"] = fig
     return out
 

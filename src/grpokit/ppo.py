@@ -27,13 +27,15 @@ from typing import Any
 
 import torch
 
+from . import fast
+from .collect import collect_batch
 from .config import GRPOConfig
 from .logprobs import position_ids_from_mask
 from .loss import aggregate_loss, grpo_objective_from_logprobs, k3_kl
 from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
 from .rollout import Rollout
-from .trainer import TrainState, collect_batch, make_optimizer
-from .update import clip_and_step, forward_logprobs, rows_logprobs
+from .state import TrainState, make_optimizer
+from .update import forward_logprobs, optimizer_step, rows_logprobs
 
 
 class ValueModel(torch.nn.Module):
@@ -139,7 +141,7 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
 
 
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       mask: torch.Tensor, cliprange_value: float, loss_type: str = "grpo",
+                       mask: torch.Tensor, cliprange_value: float, *, loss_type: str = "grpo",
                        num_sequences: float | None = None, num_tokens: float | None = None,
                        max_completion_length: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """L_V = 1/2 max((V - ret)^2, (V_old + clip(V - V_old, -c, c) - ret)^2), aggregated by `loss_type`.
@@ -170,7 +172,7 @@ def critic_values(critic: Critic, rollout: Rollout, cfg: GRPOConfig) -> torch.Te
     return out.clone()
 
 
-def ppo_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
+def ppo_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor, *,
                old_values: torch.Tensor, old_lp, ref_lp, loss_mask: torch.Tensor,
                timer: PhaseTimer) -> dict[str, float]:
     """mu updates of policy and value model over micro-batches with gradient accumulation."""
@@ -196,12 +198,12 @@ def ppo_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, re
                 kl_bias_correction=lo.use_bias_correction_kl, **norm)
             values = state.critic.model(rollout.input_ids[rows], rollout.attention_mask[rows], T_full)[:, :T]
             vf_loss, vmets = clipped_value_loss(values, old_values[rows, :T], returns[rows, :T], m,
-                                                lo.cliprange_value, lo.loss_type, **norm)
+                                                lo.cliprange_value, loss_type=lo.loss_type, **norm)
             ((pol_loss + lo.vf_coef * vf_loss) * bnpo_scale).backward()
             for k, v in {**mets, **vmets}.items():
                 sums[k] = sums.get(k, 0.0) + (v * m.sum() if k in token_metrics else v * bnpo_scale)
         with timer("optimizer"):
-            grad_norm = clip_and_step(state)
+            grad_norm = optimizer_step(state)
             value_grad_norm = state.critic.step(cfg.optim.max_grad_norm)
         suffix = "" if it == 0 else f"/iter{it}"
         for k, v in sums.items():
@@ -236,17 +238,21 @@ def ppo_learn(state: TrainState, rollout: Rollout, rewards: torch.Tensor,
         raw_adv, returns = gae(token_r, old_values, loss_mask, lo.gamma, lo.lam)
         advantages = whiten(raw_adv, loss_mask)
     with timer("update"):
-        upd = ppo_update(state, rollout, advantages, returns, old_values, old_lp, ref_lp, loss_mask, timer)
+        upd = ppo_update(state, rollout, advantages, returns, old_values=old_values, old_lp=old_lp, ref_lp=ref_lp,
+                         loss_mask=loss_mask, timer=timer)
     n_tok = loss_mask.sum().clamp(min=1)
     upd["value_mean"] = float((old_values * loss_mask).sum() / n_tok)
     upd["returns_mean"] = float((returns * loss_mask).sum() / n_tok)
     return upd, (raw_adv * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1)
 
 
-def ppo_train_step(state: TrainState, timer: PhaseTimer, tracker=None) -> dict[str, float]:
+def ppo_train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None) -> dict[str, float]:
     """One PPO step on fresh generations: sample, score, reference, values, GAE, update, log."""
-    rollout, scores, correct, info = collect_batch(state, timer)
-    upd, adv_flat = ppo_learn(state, rollout, scores.total, timer)
+    timer = timer or PhaseTimer()
+    # the optional CPU speed-ups (grpokit.fast) for this step's passes, as in GRPO's train_step
+    with fast.accelerated(state.model, state.cfg, ref_model=state.ref_model, world_size=state.dist.world_size):
+        rollout, scores, correct, info = collect_batch(state, timer)
+        upd, adv_flat = ppo_learn(state, rollout, scores.total, timer)
     state.step += 1
     metrics = {"step": state.step, **reward_stats(scores.total, correct, rollout.group_size),
                **{f"rewards/{k}": float(torch.nanmean(v)) for k, v in scores.per_func.items()},

@@ -23,10 +23,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import __version__
+from .config import GRPOConfig
 from .errors import UserError, check_out_file, write_text_aside
 from .metrics import read_metrics
 from .plots import DEFAULT_SMOOTH, figures, load_runs
-from .tracking import short_name
+from .tracking import short_name, summarize_prompts
 
 CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px auto; max-width: 1180px;
@@ -171,8 +173,6 @@ def config_section(config: dict[str, Any] | None) -> str:
     """Every config value; the ones that differ from the GRPOConfig defaults in bold."""
     if not config:
         return "<p class='muted'>No config.json in this run.</p>"
-    from .config import GRPOConfig
-
     default = GRPOConfig().to_dict()
     rows = []
     for section, values in config.items():
@@ -195,13 +195,9 @@ def build_report(run_dir: str | Path, smooth: float = DEFAULT_SMOOTH) -> str:
     config = _read_json(run_dir / "config.json")
     summary = _read_json(run_dir / "prompt_summary.json")
     if summary is None and (run_dir / "prompt_history.jsonl").is_file():
-        from .tracking import summarize_prompts
-
         summary = summarize_prompts(read_metrics(run_dir, "prompt_history.jsonl"))
     images = "".join(f"<img class='fig' alt='{_e(name)}' src='{png_data_uri(fig)}'>"
                      for name, fig in figures([run], smooth).items())
-    from . import __version__
-
     when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     sections = [
         ("Summary", summary_cards(run.metrics, run.evals)),

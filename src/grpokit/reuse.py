@@ -17,7 +17,8 @@ computed y one position at a time, the plain pass all positions in one matmul.
 The record is only used while it describes the model and the batch: same module, every parameter
 unchanged since sampling (torch's in-place version counters, which an optimizer step bumps), no
 dropout, the same prompts and tokens. Whether to record and to reuse at all is decided at the end of
-this module (`recording_policy`, `reuse_pays`, `update_plan`; `rollout.reuse_activations`).
+this module (`recording_policy`, `reuse_pays`, `update_plan`; `rollout.reuse_activations`); the
+record itself is held by the `grpokit.fast.accelerated` scope between sampling and the update.
 """
 
 from __future__ import annotations
@@ -26,10 +27,18 @@ import torch
 import torch.nn.functional as F
 
 from .fused_ops import silu_mul_halves
-from .logprobs import checkpointing_enabled, head_logprobs, launch_tokens, length_buckets, micro_batches, \
-    position_ids_from_mask
+from .llama_layer import LayerSpec, decoder_layer, rms_norm, signed_sin
+from .logprobs import (
+    checkpointing_enabled,
+    head_logprobs,
+    launch_tokens,
+    length_buckets,
+    micro_batches,
+    position_ids_from_mask,
+)
 from .native import kernels_for
 from .precision import compute_dtype
+
 
 class ActivationRecord:
     """Projection outputs of one sampling call, per layer: prompts [B, P, D] and completions [T-1, N, D]
@@ -181,35 +190,33 @@ def _project(x: torch.Tensor, y: torch.Tensor, *mods) -> torch.Tensor:
 
 
 def _rotary(dec, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, signed sin [n, 1, L, hd] (rotate_half(x) * sin == roll(x, hd/2) * [-sin_1, sin_2])."""
+    """cos, signed sin [n, 1, L, hd] (`llama_layer.signed_sin`)."""
     cos, sin = dec.rotary_emb(h, pos)
-    half = sin.shape[-1] // 2
-    return cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], -1)[:, None]
+    return cos[:, None], signed_sin(sin)[:, None]
 
 
 def _layer(layer, cfg, h, rec: dict[str, torch.Tensor], cos, sin, mask, past: tuple | None, lib):
-    """One decoder layer with autograd, projections from the record. Returns (h, (k, v)).
-    lib: grpokit's C kernels (SiLU x up on the recorded [gate | up]) or None."""
-    from .sampler import _rms
-
+    """One decoder layer with autograd (`llama_layer.decoder_layer`), projections from the record.
+    Returns (h, (k, v)) with this pass's keys/values. lib: grpokit's C kernels (SiLU x up on the
+    recorded [gate | up]) or None."""
     a, m = layer.self_attn, layer.mlp
-    n, L, _ = h.shape
-    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, a.head_dim
-    eps = layer.input_layernorm.variance_epsilon
-    x = _rms(h, layer.input_layernorm.weight, eps)
-    qkv = _project(x, rec["qkv"], a.q_proj, a.k_proj, a.v_proj).view(n, L, nh + 2 * nkv, hd).transpose(1, 2)
-    qk, v = qkv[:, :nh + nkv], qkv[:, nh + nkv:]                          # [n, heads, L, hd]
-    if getattr(a, "q_norm", None) is not None:
-        qk = torch.cat([_rms(qk[:, :nh], a.q_norm.weight, eps), _rms(qk[:, nh:], a.k_norm.weight, eps)], 1)
-    qk = qk * cos + qk.roll(hd // 2, -1) * sin
-    q, k = qk[:, :nh], qk[:, nh:]
-    kv = (k, v)
-    if past is not None:                                                  # completion pass: prompt keys first
-        k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-    att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scaling, enable_gqa=nkv != nh)
-    h = h + _project(att.transpose(1, 2).reshape(n, L, nh * hd), rec["o"], a.o_proj)
-    gu = _project(_rms(h, layer.post_attention_layernorm.weight, eps), rec["gu"], m.gate_proj, m.up_proj)
-    return h + _project(silu_mul_halves(gu, m.act_fn, lib), rec["down"], m.down_proj), kv
+    mods = {"qkv": (a.q_proj, a.k_proj, a.v_proj), "o": (a.o_proj,), "gu": (m.gate_proj, m.up_proj),
+            "down": (m.down_proj,)}
+    kv: list[tuple] = []
+
+    def attend(q, k, v):
+        kv.append((k, v))
+        if past is not None:                                              # completion pass: prompt keys first
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scaling,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+
+    def project(name: str, x: torch.Tensor) -> torch.Tensor:
+        return _project(x, rec[name], *mods[name])
+
+    h = decoder_layer(h, LayerSpec.of(layer, cfg), project=project, cos=cos, sin=sin, attend=attend,
+                      gated=lambda gu: silu_mul_halves(gu, m.act_fn, lib))
+    return h, kv[0]
 
 
 def _rows_view(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -221,7 +228,7 @@ def _rows_view(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 
 def reused_logprobs(model, record: ActivationRecord, rows: torch.Tensor, input_ids: torch.Tensor,
-                    attention_mask: torch.Tensor, completion_length: int, temperature: float = 1.0,
+                    attention_mask: torch.Tensor, completion_length: int, *, temperature: float = 1.0,
                     chunk_rows: int = 1024, return_entropy: bool = False, consume: bool = False):
     """`per_token_logprobs` for rollout rows `rows`, the projections taken from `record`.
 
@@ -262,13 +269,12 @@ def reused_logprobs(model, record: ActivationRecord, rows: torch.Tensor, input_i
                 for name in ("qkv", "o", "down"):
                     part.pop(name, None)
             rec_p = rec_c = None
-    from .sampler import _rms
-
     last = hp[:, -1:].index_select(0, inv)                                # [n, 1, H] predicts token 0
     hidden = torch.cat([last, hc], 1) if L else last                      # [n, T, H]
-    hidden = _rms(hidden, dec.norm.weight, dec.norm.variance_epsilon)
+    hidden = rms_norm(hidden, dec.norm.weight, dec.norm.variance_epsilon)
     head = model.get_output_embeddings()
-    return head_logprobs(hidden, input_ids[:, -T:], head.weight, head.bias, temperature, chunk_rows, return_entropy)
+    return head_logprobs(hidden, input_ids[:, -T:], head.weight, head.bias, temperature=temperature,
+                         chunk_rows=chunk_rows, return_entropy=return_entropy)
 
 
 # When to reuse ---------------------------------------------------------------------------------------
@@ -283,9 +289,9 @@ REUSE_COST = 2 / 3
 
 
 def recording_policy(cfg, world_size: int, model):
-    """What `sample_groups(keep_activations=...)` gets: False (no record), True (record), or for "auto" a
-    function lengths [N] -> bool that the sampler asks whenever rows finish, dropping the record once
-    it will not pay (`reuse_pays`, live rows counted at the length limit).
+    """What the sampler records inside `fast.accelerated(model, cfg)` (decided once, at entry): False (no
+    record), True (record), or for "auto" a function lengths [N] -> bool that the sampler asks whenever
+    rows finish, dropping the record once it will not pay (`reuse_pays`, live rows counted at the limit).
 
     Never with several processes, another sampler, PPO, dynamic sampling (its batches are merged) or
     gradient checkpointing (which asks for less memory than a record holds). "auto" also wants a model
@@ -295,7 +301,8 @@ def recording_policy(cfg, world_size: int, model):
     """
     r, mb = cfg.rollout, cfg.optim.micro_batch_size
     if not r.reuse_activations or world_size != 1 or r.backend not in ("auto", "fast") or r.dynamic_sampling \
-            or cfg.loss.algorithm != "grpo" or checkpointing_enabled(model):
+            or cfg.loss.algorithm != "grpo" or checkpointing_enabled(model) \
+            or 0 < r.generation_batch_size < cfg.batch_size:              # several decode calls: no record
         return False
     if compute_dtype(model) is not None:   # bf16: the projection matmuls it saves are the cheap part in bf16,
         return False                       # and _RecordedProjection's backward would run them in fp32
@@ -321,8 +328,9 @@ def reuse_pays(lengths: torch.Tensor, n_params: int, loss_type: str, iterations:
     return (REUSE_COST + iterations - 1) * (float(lengths.max()) * N + launch) < iterations * plain
 
 
-def update_plan(state, rollout) -> tuple[list[torch.Tensor], ActivationRecord | None, bool]:
-    """(micro-batches, the sampler's record to reuse or None, whether that use is its last).
+def update_plan(state, rollout, record: ActivationRecord | None) -> tuple[list[torch.Tensor],
+                                                                         ActivationRecord | None, bool]:
+    """(micro-batches, `record` (the sampler's) to reuse or None, whether that use is its last).
 
     "auto" reuses with one micro-batch of every row when `reuse_pays` for the final lengths (else the
     plain pass's length buckets, record dropped); true reuses over the plain micro-batches as they are.
@@ -334,7 +342,6 @@ def update_plan(state, rollout) -> tuple[list[torch.Tensor], ActivationRecord | 
     # on the lengths); everything else groups rows of similar length (less padding).
     groups = micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params,
                            by_length=cfg.loss.loss_type != "bnpo")
-    record = rollout.activations
     if record is None or not (state.dist.world_size == 1 and record.usable(state.model, rollout)):
         return groups, None, False
     if cfg.rollout.reuse_activations is True:

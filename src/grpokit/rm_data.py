@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from . import fast
 from .errors import UserError, written_aside
 from .rewards import accuracy_reward
 from .rm_text import completion_text, split_steps
@@ -218,7 +219,8 @@ def verifier_step_labels(completion: str, spans: Sequence[tuple[int, int]],
 
 
 def mc_step_labels(prompts: Sequence[Any], completions: Sequence[str], answers: Sequence[Any],
-                   outcome: Sequence[float], step_separator: str, rollout_fn: RolloutFn) -> list[list[float]]:
+                   outcome: Sequence[float], *, step_separator: str,
+                   rollout_fn: RolloutFn) -> list[list[float]]:
     """Math-Shepherd hard estimates: step j (not the last) is 1 when one of the continuations sampled from
     the prefix ending with step j reaches the right answer; the last step is the outcome label."""
     jobs = []  # (sample, step, prefix)
@@ -260,7 +262,8 @@ def label_samples(prompts: Sequence[Any], completions: Sequence[Any], answers: S
     if kind == "process" and step_labels == "mc":
         if rollout_fn is None:
             raise RMDataError("step labels 'mc' need a policy to sample continuations from (rollout_fn)")
-        steps = list(mc_step_labels(prompts, texts, answers, outcome, step_separator, rollout_fn))
+        steps = list(mc_step_labels(prompts, texts, answers, outcome, step_separator=step_separator,
+                                    rollout_fn=rollout_fn))
     elif kind == "process":
         steps = [verifier_step_labels(t, split_steps(t, step_separator), bool(o))
                  for t, o in zip(texts, outcome)]
@@ -276,10 +279,12 @@ def _sample_texts(model, tokenizer, cfg, prompts: Sequence[Any], group_size: int
     """G sampled completions per prompt (the config's sampling settings), G of each prompt contiguous."""
     r, texts = cfg.rollout, []
     for s in range(0, len(prompts), chunk):
-        rollout = sample_groups(model, tokenizer, list(prompts[s:s + chunk]), group_size,
-                                r.max_completion_length, r.temperature, r.top_p, r.top_k, r.max_prompt_length,
-                                r.truncate_prompt, r.backend,
-                                chat_template_kwargs=cfg.task.chat_template_kwargs)
+        with fast.accelerated(model):     # grpokit's optional CPU speed-ups (the fast decoder's kernels)
+            rollout = sample_groups(model, tokenizer, list(prompts[s:s + chunk]), group_size,
+                                    r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
+                                    top_k=r.top_k, max_prompt_length=r.max_prompt_length,
+                                    truncate_prompt=r.truncate_prompt, backend=r.backend,
+                                    chat_template_kwargs=cfg.task.chat_template_kwargs)
         texts += rollout.completions
     return texts
 

@@ -199,7 +199,7 @@ def _check(kind: str, objective: str) -> None:
 # Training and evaluation
 # ---------------------------------------------------------------------------------------------
 
-def batch_loss(model, encoded: list[Encoded], units: list, kind: str, objective: str,
+def batch_loss(model, encoded: list[Encoded], units: list, kind: str, *, objective: str,
                pad_id: int) -> torch.Tensor:
     """The loss of one batch: `units` are sample indices (pointwise) or (chosen, rejected) pairs."""
     if objective == "pairwise":
@@ -244,7 +244,8 @@ def train_reward_model(model, tokenizer, samples: Sequence[RMSample], *, kind: s
             order, last = torch.randperm(len(units), generator=generator).tolist(), []
             for s in range(0, len(order), batch_size):
                 batch = [units[i] for i in order[s:s + batch_size]]
-                loss = batch_loss(model, encoded, batch, kind, objective, tokenizer.pad_token_id)
+                loss = batch_loss(model, encoded, batch, kind, objective=objective,
+                                  pad_id=tokenizer.pad_token_id)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

@@ -7,12 +7,15 @@ are kept exactly as generated, and the mask says which of them the loss may see.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from . import sampler
 from .models import eval_mode
+from .rewards import RewardBatch
 
 log = logging.getLogger("grpokit")
 prompt_log = logging.getLogger("grpokit.prompts")  # over-long prompts; evaluation reports them once itself
@@ -35,7 +38,6 @@ class Rollout:
     truncated: torch.Tensor           # [N] bool, no EOS within max_new_tokens
     group_size: int                   # G
     sampling_logprobs: torch.Tensor | None = None  # [N, T] log-probs under the sampling distribution
-    activations: Any = field(default=None, repr=False)  # grpokit.reuse.ActivationRecord, for the first update
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -52,7 +54,7 @@ class Rollout:
         """[N] valid tokens per completion (EOS included)."""
         return self.completion_mask.sum(-1)
 
-    def select(self, rows: torch.Tensor | Sequence[int]) -> "Rollout":
+    def select(self, rows: torch.Tensor | Sequence[int]) -> Rollout:
         """A Rollout of the given rows (whole groups, in order), e.g. for dynamic sampling."""
         idx = torch.as_tensor(rows, dtype=torch.long)
         pick = idx.tolist()
@@ -105,7 +107,7 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: Sequence[int
 
     Returns: (mask [N, T] long, truncated [N] bool).
     """
-    N, T = completion_ids.shape
+    T = completion_ids.shape[1]
     is_eos = torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device))
     has_eos = is_eos.any(-1)                                              # [N]
     first = torch.where(has_eos, is_eos.int().argmax(-1), torch.full_like(has_eos, T, dtype=torch.long))
@@ -145,8 +147,6 @@ def merge_kept_groups(parts, B: int, G: int, pad_id: int):
 
     parts: (rollout, reward batch, correctness or None, kept group indices) per round.
     """
-    from .rewards import RewardBatch
-
     rolls, totals, per_func, corrects, steps, left = [], [], {}, [], [], B
     for rollout, scores, correct, keep in parts:
         keep = keep[:left]
@@ -170,11 +170,12 @@ def merge_kept_groups(parts, B: int, G: int, pad_id: int):
 
 
 @torch.no_grad()
-def _generate_backend(model, prompt_ids, prompt_mask, max_new_tokens: int, temperature: float, top_p: float,
-                      top_k: int, eos_ids: list[int], pad_id: int, suppress_eos: bool,
+def _generate_backend(model, prompt_ids, prompt_mask, max_new_tokens: int, *, temperature: float,
+                      top_p: float, top_k: int, eos_ids: list[int], pad_id: int, suppress_eos: bool,
                       greedy: bool = False) -> torch.Tensor:
     """Completion ids [N, <=T] from `model.generate` (the fallback sampler)."""
-    kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_ids)
+    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "pad_token_id": pad_id,
+                              "eos_token_id": eos_ids}
     if greedy:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     else:
@@ -192,6 +193,7 @@ def sample_groups(
     prompts: Sequence[Any],
     group_size: int,
     max_new_tokens: int,
+    *,
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -201,7 +203,6 @@ def sample_groups(
     suppress_eos: bool = False,
     generation_batch_size: int = 0,
     greedy: bool = False,
-    keep_activations: bool | Callable = False,
     chat_template_kwargs: dict | None = None,
 ) -> Rollout:
     """Sample G completions for each prompt with the current policy.
@@ -218,16 +219,11 @@ def sample_groups(
         suppress_eos: never end early (fixed-length completions, for benchmarks).
         generation_batch_size: completions decoded at once (0 = all N), a multiple of G.
         greedy: argmax decoding instead of sampling (evaluation; use group_size=1).
-        keep_activations: attach the lean decoder's projection outputs (`Rollout.activations`, used by
-            `grpokit.reuse`) when the fast sampler decodes the whole batch in one call; a function
-            decides on the way whether to keep recording (`grpokit.reuse.recording_policy`).
         chat_template_kwargs: extra keywords for the chat template (task.chat_template_kwargs).
 
     Returns:
         A Rollout with N = B * G rows.
     """
-    from . import sampler
-
     chat = [isinstance(p, list) for p in prompts]
     texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
                                            **(chat_template_kwargs or {})) if c else p
@@ -240,18 +236,20 @@ def sample_groups(
     use_fast = sampler.choose_backend(model, backend)
     B = prompt_ids.shape[0]
     chunk = max(1, (generation_batch_size or B * group_size) // group_size)  # prompts per decode call
-    pieces, logps, records = [], [], ([] if keep_activations and chunk >= B else None)
+    pieces, logps = [], []
     for s in range(0, B, chunk):
         p_ids, p_mask = prompt_ids[s:s + chunk], prompt_mask[s:s + chunk]
         if use_fast:
-            ids, lp = sampler.fast_sample(model, p_ids, p_mask, group_size, max_new_tokens, temperature, top_p,
-                                          top_k, eos_ids, tokenizer.pad_token_id, suppress_eos, greedy, records,
-                                          None if keep_activations is True else keep_activations)
+            ids, lp = sampler.fast_sample(model, p_ids, p_mask, group_size, max_new_tokens,
+                                          temperature=temperature, top_p=top_p, top_k=top_k, eos_ids=eos_ids,
+                                          pad_id=tokenizer.pad_token_id, suppress_eos=suppress_eos,
+                                          greedy=greedy)
             logps.append(lp)
         else:
             rep_ids, rep_mask = p_ids.repeat_interleave(group_size, 0), p_mask.repeat_interleave(group_size, 0)
-            ids = _generate_backend(model, rep_ids, rep_mask, max_new_tokens, temperature, top_p, top_k,
-                                    eos_ids, tokenizer.pad_token_id, suppress_eos, greedy)
+            ids = _generate_backend(model, rep_ids, rep_mask, max_new_tokens, temperature=temperature,
+                                    top_p=top_p, top_k=top_k, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id,
+                                    suppress_eos=suppress_eos, greedy=greedy)
         pieces.append(ids)
     T = max(p.shape[1] for p in pieces)
     completion_ids = torch.cat([torch.nn.functional.pad(p, (0, T - p.shape[1]), value=tokenizer.pad_token_id)
@@ -273,5 +271,4 @@ def sample_groups(
         truncated=truncated,
         group_size=group_size,
         sampling_logprobs=sampling_logprobs,
-        activations=records[0] if records else None,
     )

@@ -26,14 +26,17 @@ which is what `per_token_logprobs` recomputes, so they can stand in for the old 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 import torch
 import torch.nn.functional as F
 
+from . import fast
+from .llama_layer import LayerSpec, decoder_layer, gated_mlp_input, rms_norm, signed_sin
 from .logprobs import CACHE_MODEL_TYPES, cache_kwarg, position_ids_from_mask
 from .models import eval_mode
-from .native import WholeStep, kernels_for
+from .native import WholeStep
 from .precision import autocast_for, compute_dtype
 from .sampling import pick_tokens
 
@@ -52,10 +55,7 @@ def choose_backend(model, backend: str) -> bool:
         return True
     if backend == "generate":
         return False
-    if backend == "vllm":  # training rollouts go to grpokit.vllm_backend; direct calls (evaluation) stay here
-        from .vllm_backend import in_process_backend
-
-        backend = in_process_backend()
+    # backend "vllm": training rollouts go to grpokit.vllm_backend; direct calls (evaluation) pick as "auto"
     model_type = getattr(getattr(model, "config", None), "model_type", "")
     ok = model_type in FAST_MODEL_TYPES
     if not ok and model_type not in _warned:
@@ -91,14 +91,6 @@ def lean_supported(model, max_positions: int) -> bool:
     if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
         return False                                                      # hooks would be bypassed
     return _plain_linear(model.get_output_embeddings())
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm with transformers' op order (float32 statistics), so results match bit for bit."""
-    if x.dtype == torch.float32 and weight.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)                # one call, the same float32 math
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _cat_bias(*mods) -> torch.Tensor | None:
@@ -169,26 +161,24 @@ class LeanDecoder:
         self.layers = []
         for layer in dec.layers:
             a, m = layer.self_attn, layer.mlp
-            self.layers.append(dict(
-                qkv=DecodeLinear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                                 _cat_bias(a.q_proj, a.k_proj, a.v_proj), rows, compute),
-                o=DecodeLinear(a.o_proj.weight, a.o_proj.bias, rows, compute),
-                gu=DecodeLinear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat_bias(m.gate_proj, m.up_proj),
-                                rows, compute),
-                down=DecodeLinear(m.down_proj.weight, m.down_proj.bias, rows, compute), act=m.act_fn,
-                ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight, scale=a.scaling,
-                q_norm=getattr(getattr(a, "q_norm", None), "weight", None),
-                k_norm=getattr(getattr(a, "k_norm", None), "weight", None)))
+            spec = LayerSpec.of(layer, cfg)
+            self.layers.append({
+                "qkv": DecodeLinear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                                    _cat_bias(a.q_proj, a.k_proj, a.v_proj), rows, compute),
+                "o": DecodeLinear(a.o_proj.weight, a.o_proj.bias, rows, compute),
+                "gu": DecodeLinear(torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                                   _cat_bias(m.gate_proj, m.up_proj), rows, compute),
+                "down": DecodeLinear(m.down_proj.weight, m.down_proj.bias, rows, compute), "act": m.act_fn,
+                "ln1": spec.ln1, "ln2": spec.ln2, "scale": a.scaling, "q_norm": spec.q_norm,
+                "k_norm": spec.k_norm,
+                "spec": dataclasses.replace(spec, eps=self.eps)})   # the final norm's eps, as before
         w = self.embed
         positions = torch.arange(max_len, device=w.device)[None]          # [1, S]
         cos, sin = dec.rotary_emb(w[:1][None], positions)                 # [1, S, hd] each
-        half = self.hd // 2
-        self.cos = cos[0]
-        # rotate_half(x) * sin == roll(x, hd/2) * [-sin_1, sin_2]: one roll instead of slice/neg/cat.
-        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
+        self.cos, self.sin = cos[0], signed_sin(sin[0])   # rotate_half(x) * sin == roll(x, hd/2) * signed
         self.kv = torch.empty(len(self.layers), 2, rows, self.nkv, max_len, self.hd, dtype=w.dtype, device=w.device)
         self.record, self.record_step = None, None   # an ActivationRecord (grpokit.reuse), the decode step
-        self.native = kernels_for(model)             # fused C kernels for decode steps (grpokit.native) or None
+        self.native = fast.kernels_for(model)        # C kernels (grpokit.native) inside fast.accelerated
         self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")
         self.whole = WholeStep.plan(self, rows)      # the whole step in one C call where it applies, or None
 
@@ -204,30 +194,25 @@ class LeanDecoder:
 
     def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: slice,
                 mask: torch.Tensor, rows: int) -> torch.Tensor:
-        """h [n, L, H] through every layer; keys/values of the L new positions go to cache `slots`."""
-        n, L, _ = h.shape
-        nh, nkv, hd = self.nh, self.nkv, self.hd
+        """h [n, L, H] through every layer (`llama_layer.decoder_layer`); keys/values of the L new positions
+        go to cache `slots`."""
+        n = h.shape[0]
         for i, w in enumerate(self.layers):
-            x = _rms(h, w["ln1"], self.eps)
-            qkv = self._proj(i, "qkv", x).view(n, L, nh + 2 * nkv, hd).transpose(1, 2)  # [n, heads, L, hd]
-            qk, v = qkv[:, :nh + nkv], qkv[:, nh + nkv:]
-            if w["q_norm"] is not None:
-                qk = torch.cat([_rms(qk[:, :nh], w["q_norm"], self.eps), _rms(qk[:, nh:], w["k_norm"], self.eps)], 1)
-            qk = qk * cos + qk.roll(hd // 2, -1) * sin                    # rotary, q and k together
-            q, k = qk[:, :nh], qk[:, nh:]
             cache = self.kv[i, :, :rows]                                  # [2, rows, kv_heads, S, hd]
-            if n == rows:   # decode (or G = 1): write the new slot, attend over every slot so far
-                cache[0, :, :, slots], cache[1, :, :, slots] = k, v
-                k, v = cache[0, :, :, :slots.stop], cache[1, :, :, :slots.stop]
-            else:           # prefill: attend within the prompt; its keys/values go to each of the G rows
-                cache[0, :, :, slots] = k.repeat_interleave(rows // n, 0)
-                cache[1, :, :, slots] = v.repeat_interleave(rows // n, 0)
-            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=w["scale"],
-                                                 enable_gqa=nkv != nh)   # [n, nh, L, hd]
-            h = h + self._proj(i, "o", att.transpose(1, 2).reshape(n, L, nh * hd))
-            gate, up = self._proj(i, "gu", _rms(h, w["ln2"], self.eps)).chunk(2, -1)
-            h = h + self._proj(i, "down", w["act"](gate) * up)
-        return _rms(h[:, -1], self.final_norm, self.eps)                   # [n, H], last position only
+
+            def attend(q, k, v, cache=cache, scale=w["scale"]):
+                if n == rows:   # decode (or G = 1): write the new slot, attend over every slot so far
+                    cache[0, :, :, slots], cache[1, :, :, slots] = k, v
+                    k, v = cache[0, :, :, :slots.stop], cache[1, :, :, :slots.stop]
+                else:           # prefill: attend within the prompt; its keys/values go to each of the G rows
+                    cache[0, :, :, slots] = k.repeat_interleave(rows // n, 0)
+                    cache[1, :, :, slots] = v.repeat_interleave(rows // n, 0)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                      enable_gqa=self.nkv != self.nh)   # [n, nh, L, hd]
+
+            h = decoder_layer(h, w["spec"], project=lambda name, x, i=i: self._proj(i, name, x), cos=cos,
+                              sin=sin, attend=attend)
+        return rms_norm(h[:, -1], self.final_norm, self.eps)               # [n, H], last position only
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
         """Prompts [B, P] (left-padded) once; their keys/values fill cache rows b*G..b*G+G-1. Returns [B, V]."""
@@ -254,7 +239,7 @@ class LeanDecoder:
 
     def _layers_native(self, h: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
         """`_layers` for one decode position with the fused kernels: h [n, H] (updated in place) -> [n, H]."""
-        n, H = h.shape
+        n = h.shape[0]
         k, x = self.native, torch.empty_like(h)
         att = h.new_empty(n, self.nh * self.hd)
         k.add_rms(h, None, self.layers[0]["ln1"], self.eps, x)
@@ -264,11 +249,7 @@ class LeanDecoder:
                           slot, key_mask, self.nh, w["scale"], att)
             k.add_rms(h, self._proj(i, "o", att[:, None]), w["ln2"], self.eps, x)
             gu = self._proj(i, "gu", x[:, None])                            # [n, 1, 2 I]
-            if self.silu:
-                act = k.silu_mul(gu.view(n, -1))[:, None]
-            else:
-                gate, up = gu.chunk(2, -1)
-                act = w["act"](gate) * up
+            act = k.silu_mul(gu.view(n, -1))[:, None] if self.silu else gated_mlp_input(gu, w["act"])
             nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
             k.add_rms(h, self._proj(i, "down", act), nxt, self.eps, x)
         return x
@@ -283,18 +264,18 @@ class LeanDecoder:
 
 @torch.no_grad()
 def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
-                max_new_tokens: int, temperature: float, top_p: float, top_k: int, eos_ids: list[int],
-                pad_id: int, suppress_eos: bool = False, greedy: bool = False,
-                records: list | None = None, pays=None) -> tuple[torch.Tensor, torch.Tensor]:
+                max_new_tokens: int, *, temperature: float, top_p: float, top_k: int, eos_ids: list[int],
+                pad_id: int, suppress_eos: bool = False,
+                greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample G completions per prompt with a shared-prefix KV cache.
 
     Args:
         prompt_ids, prompt_mask: [B, P] left-padded prompts (each prefilled once).
         group_size: G.
         greedy: argmax decoding (evaluation); log-probs are still those of the tempered distribution.
-        records: when a list and the lean engine runs, an `ActivationRecord` of every projection output
-            is appended to it (for `grpokit.reuse`, the update's forward pass); pays: see
-            `grpokit.reuse.recording_policy` (None: record to the end).
+
+    Inside a `grpokit.fast.accelerated` scope that records this model's batch, the lean engine records
+    every projection output (`grpokit.reuse.ActivationRecord`) and hands it to the scope at the end.
 
     Returns:
         (completion_ids [B*G, T'], sampling log-probs [B*G, T']), T' <= max_new_tokens (the longest row).
@@ -306,16 +287,15 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
     with contextlib.nullcontext() if lean else eval_mode(model), \
             contextlib.nullcontext() if lean else autocast_for(model):
         if lean:
-            engine = _LeanEngine(model, prompt_ids, prompt_mask, group_size, max_new_tokens, records is not None)
-            if engine.dec.record is not None:
-                engine.dec.record.pays = pays
+            engine = _LeanEngine(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
         else:
             engine = _CachedEngine(model, prompt_ids, prompt_mask, group_size)
         tokens, logps = _decode(engine, prompt_ids.shape[0] * group_size, max_new_tokens, temperature, top_p, top_k,
                                 eos_ids, pad_id, suppress_eos, greedy, prompt_ids.device)
-        if records is not None and isinstance(engine, _LeanEngine) and engine.dec.record is not None:
-            engine.dec.record.finish(tokens)
-            records.append(engine.dec.record)
+        record = engine.dec.record if lean else None
+        if record is not None:
+            record.finish(tokens)
+            fast.hold_record(record)
         return tokens, logps
 
 
@@ -359,16 +339,12 @@ def _decode(engine, N: int, max_new_tokens: int, temperature: float, top_p: floa
 class _LeanEngine:
     """Drives `LeanDecoder`: positions, key masks and the cache slot of each step."""
 
-    def __init__(self, model, prompt_ids, prompt_mask, group_size: int, max_new_tokens: int,
-                 record: bool = False) -> None:
+    def __init__(self, model, prompt_ids, prompt_mask, group_size: int, max_new_tokens: int) -> None:
         B, P = prompt_ids.shape
         self.P, N = P, B * group_size
         self.dec = LeanDecoder(model, N, P + max_new_tokens)
-        if record:
-            from .reuse import ActivationRecord
-
-            self.dec.record = ActivationRecord(model, prompt_ids, prompt_mask, group_size, max_new_tokens,
-                                               self.dec.dims(), len(self.dec.layers))
+        self.dec.record = fast.start_record(model, prompt_ids, prompt_mask, group_size, max_new_tokens,
+                                            self.dec.dims(), len(self.dec.layers))   # None: not recording
         self.logits0 = self.dec.prefill(prompt_ids, prompt_mask, group_size).repeat_interleave(group_size, 0)
         mask = prompt_mask.bool().repeat_interleave(group_size, 0)
         self.key_mask = torch.cat([mask, mask.new_ones(N, max_new_tokens)], 1)   # [N, P + T] valid key slots
@@ -389,9 +365,8 @@ class _LeanEngine:
 
     def keep_rows(self, keep: torch.Tensor, t: int) -> None:
         self.dec.keep_rows(keep, self.P + t)
-        if self.dec.record is not None:
-            if not self.dec.record.keep_rows(keep, t):
-                self.dec.record = None                                    # it can no longer pay: stop recording
+        if self.dec.record is not None and not self.dec.record.keep_rows(keep, t):
+            self.dec.record = None                                        # it can no longer pay: stop
         self.key_mask, self.pos = self.key_mask[keep], self.pos[keep]
 
 

@@ -32,6 +32,10 @@ from typing import Any, Sequence
 import torch
 
 from .config import GRPOConfig
+from .evaluate import evaluate
+from .models import DEMO_CHECKPOINT, build_char_tokenizer, tiny_random_model
+from .run_config import train_config
+from .tasks import load_examples
 
 log = logging.getLogger("grpokit")
 
@@ -78,8 +82,6 @@ def sft_loss(model, ids: torch.Tensor, att: torch.Tensor, loss_mask: torch.Tenso
 
 def build_demo_model(tokenizer, seed: int):
     """A random-init character-level Qwen2 of `DEMO_SHAPE` (float32)."""
-    from .models import tiny_random_model
-
     return tiny_random_model(tokenizer, seed=seed, **DEMO_SHAPE)
 
 
@@ -120,16 +122,11 @@ def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int,
 
 def sft_config(overrides: list[str]) -> GRPOConfig:
     """The demo's config (task, rollout limits), so the warm-up and GRPO see the same problems."""
-    from .cli import train_config
-
     return train_config(None, overrides, resume=False, overwrite=False)
 
 
 def main(argv: list[str]) -> int:
     """`grpokit sft [key=value ...] [--out DIR] [--steps N] [--seed S] ...`: build the warm-start model."""
-    from .models import DEMO_CHECKPOINT, build_char_tokenizer
-    from .tasks import load_examples
-
     p = argparse.ArgumentParser(prog="grpokit sft", description="Supervised warm-up of the demo model.")
     p.add_argument("items", nargs="*", help="key=value overrides of the demo config (task.*, rollout.*)")
     p.add_argument("--out", default=str(DEMO_CHECKPOINT), help="save_pretrained folder (default: the shipped asset)")
@@ -150,8 +147,6 @@ def main(argv: list[str]) -> int:
     report: dict[str, Any] = {"recipe": {k: getattr(args, k) for k in DEFAULTS}, "shape": DEMO_SHAPE,
                               "parameters": n_params, "log": rows}
     if args.eval_limit:
-        from .evaluate import evaluate
-
         result = evaluate(model, tokenizer, load_examples(cfg.task, cfg.task.eval_split), cfg, limit=args.eval_limit,
                           progress=False)
         report["eval"] = result

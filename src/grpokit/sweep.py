@@ -14,6 +14,10 @@ with a checkpoint (run.save_steps > 0) resumes from it; one without restarts fro
 folder's partial run replaced). A finished cell whose config no longer matches the sweep file stops
 the sweep with an error instead of mixing two configs in one table.
 
+Several processes may run one sweep file at once (e.g. one per core with OMP_NUM_THREADS=1): each
+claims a cell before running it (`.<cell>.claim` beside the cell folder, created exclusively, holding
+its PID) and skips cells a live process holds; a claim left by a dead process is taken over.
+
 After each cell: results.csv / results.json (`grpokit.sweep_results`) rewritten, one progress line
 (cells done / total, elapsed, ETA from the mean time of the cells run so far); at the end the PNG
 <output_dir>/<name>.png.
@@ -23,17 +27,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .cli import demo_config
 from .config import GRPOConfig
 from .errors import UserError, check_out_dir, write_text_aside
+from .run_config import demo_config
 from .run_dir import list_checkpoints
 from .sweep_results import DONE_FILE, cell_row, sweep_plot, write_table
 from .sweep_spec import Cell, Sweep, expand, load_sweep
+from .trainer import train_grpo
 
 _VOLATILE = ("resume", "overwrite", "progress")  # run keys that may differ between attempts of one cell
 
@@ -65,6 +71,40 @@ def check_finished(cells: list[Cell]) -> None:
                             "changed): delete that folder to rerun it, or give the sweep another output_dir")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:     # exists, owned by someone else
+        return True
+    return True
+
+
+def claim(cell: Cell) -> Path | None:
+    """Claim a cell for this process: the claim file's path, or None when a live process holds it."""
+    path = cell.folder.parent / f".{cell.folder.name}.claim"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(path.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid == os.getpid():                         # this process's earlier attempt (interrupted)
+                return path
+            if pid and _alive(pid):
+                return None
+            path.unlink(missing_ok=True)                   # its process died: take the cell over
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return path
+    return None
+
+
 def _prepare_attempt(cell: Cell) -> bool:
     """Set run.resume / run.overwrite for a cell's attempt; True when it continues a checkpoint."""
     resumed = bool(list_checkpoints(cell.folder))
@@ -89,8 +129,7 @@ def run_sweep(sweep: Sweep, cells: list[Cell], *, train: Callable[[GRPOConfig], 
         max_cells: stop after this many cells were run (None: all).
         say: where the progress lines go.
     """
-    if train is None:
-        from .trainer import train_grpo as train
+    train = train or train_grpo
     check_finished(cells)
     sweep.output_dir.mkdir(parents=True, exist_ok=True)
     rows = {c.folder: cell_row(c.folder, c.labels, c.seed) for c in cells if is_done(c)}
@@ -98,6 +137,12 @@ def run_sweep(sweep: Sweep, cells: list[Cell], *, train: Callable[[GRPOConfig], 
     start, spent = time.monotonic(), []
     say(f"sweep {sweep.name}: {len(cells)} cells, {len(rows)} finished before, {len(todo)} to run now")
     for cell in todo:
+        held = claim(cell)
+        if held is None or is_done(cell):               # another process runs it, or just finished it
+            say(f"sweep {sweep.name}: cell {cell.folder.name} is run by another process, skipped")
+            if held is not None:
+                held.unlink(missing_ok=True)
+            continue
         resumed = _prepare_attempt(cell)
         note = " (resuming its checkpoint)" if resumed else ""
         say(f"sweep {sweep.name}: cell {cell.folder.name}{note}")
@@ -107,6 +152,7 @@ def run_sweep(sweep: Sweep, cells: list[Cell], *, train: Callable[[GRPOConfig], 
         done = {"labels": cell.labels, "seed": cell.seed, "wall_s": round(wall, 2), "resumed": resumed,
                 "config": _comparable(cell.cfg)}
         write_text_aside(cell.folder / DONE_FILE, json.dumps(done, indent=1) + "\n")  # last: the cell is done
+        held.unlink(missing_ok=True)
         rows[cell.folder] = cell_row(cell.folder, cell.labels, cell.seed)
         write_table([rows[c.folder] for c in cells if c.folder in rows], sweep.output_dir)
         spent.append(wall)
@@ -114,6 +160,8 @@ def run_sweep(sweep: Sweep, cells: list[Cell], *, train: Callable[[GRPOConfig], 
         eta = f", ETA {_clock(left * sum(spent) / len(spent))}" if left else ""
         say(f"sweep {sweep.name}: {len(rows)}/{len(cells)} cells done, elapsed "
             f"{_clock(time.monotonic() - start)}{eta}")
+    rows.update({c.folder: cell_row(c.folder, c.labels, c.seed) for c in cells
+                 if c.folder not in rows and is_done(c)})  # cells other processes finished meanwhile
     ordered = [rows[c.folder] for c in cells if c.folder in rows]
     if ordered:
         write_table(ordered, sweep.output_dir)

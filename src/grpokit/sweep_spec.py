@@ -280,7 +280,7 @@ def expand(sweep: Sweep, build) -> list[Cell]:
     """Every cell of the grid, its config built and validated (variant x axes product x seeds).
 
     build(values) -> GRPOConfig builds a config from flat dotted values on the built-in demo
-    (`grpokit.cli.demo_config`); with a base config file, the file's keys come first.
+    (`grpokit.run_config.demo_config`); with a base config file, the file's keys come first.
     """
     file_values, on_demo = _base_values(sweep)
     make = build if on_demo else build_config

@@ -11,7 +11,11 @@ Every step, with fresh generations from the current policy:
     6. log          : one metrics.jsonl row per step
 
 Choices, all from the config: the loss variants live in loss.py and advantages.py as named switches;
-this file only wires the phases together, each inside a named timer.
+this file only wires the phases together, each inside a named timer. Steps 1-2 are `collect_batch`
+(collect.py); step 5 is `policy_update` (update.py, where `optimizer_step` moves the weights); the
+state a step reads and writes is `TrainState` (state.py). The loop picks the step once
+(`step_function`): this GRPO step, or the PPO baseline's `grpokit.ppo.ppo_train_step`. The optional
+CPU speed-ups are on for a step's passes through one line, `with fast.accelerated(...)` (grpokit.fast).
 """
 
 from __future__ import annotations
@@ -19,94 +23,40 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from . import checkpoint, run_dir
+from . import checkpoint, fast, run_dir
 from .advantages import group_advantages, process_advantages
 from .callbacks import TrainHooks
+from .collect import collect_batch
 from .config import GRPOConfig
 from .data import PromptStream
 from .distributed import Distributed, Silent
+from .evaluate import evaluate
 from .iterative import RewardLoop
+from .loggers import build_loggers, resolve_report_to
 from .lora import is_peft_model, reference_for, save_lora
 from .loss import k3_kl
-from .metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
+from .metrics import MetricsWriter, PhaseTimer, finish_step_row, format_console, length_stats, reward_stats, \
+    tensor_stats
 from .model_card import write_model_card
 from .models import load_model_and_tokenizer, sync_reference
-from .native import keep_freed_memory
+from .ppo import build_critic, ppo_train_step
 from .precision import apply_precision, reference_storage
 from .preflight import check_environment, check_prompts
-from .reuse import recording_policy, update_plan
 from .rewards import build_reward_funcs
-from .rollout import Rollout, merge_kept_groups, sample_groups
+from .rollout import Rollout
+from .state import TrainState, make_optimizer
+from .tasks import TaskError, load_examples
+from .tracking import Tracker
 from .update import forward_logprobs, policy_update, skip_update
 
 log = logging.getLogger("grpokit")
 
 
-@dataclass
-class TrainState:
-    """Everything a step reads and writes; a checkpoint is this plus the RNG states."""
-
-    cfg: GRPOConfig
-    model: torch.nn.Module
-    tokenizer: Any
-    ref_model: torch.nn.Module | None
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    reward_funcs: list[tuple[str, Callable, float]]
-    stream: PromptStream
-    eval_examples: list = field(default_factory=list)
-    step: int = 0
-    bad_steps: int = 0          # non-finite updates in a row (the run stops at run.max_bad_steps)
-    skipped_updates: int = 0    # non-finite updates skipped since step 0
-    critic: Any = None  # loss.algorithm=ppo only: grpokit.ppo.Critic (value model + its optimizer)
-    dist: Distributed = field(default_factory=Distributed)  # ranks (grpokit.distributed); one process: no-op
-    rank_rng: list | None = None     # every rank's RNG state at the last checkpoint (several ranks only)
-    rollout_engine: Any = None       # rollout.backend=vllm: the engine (grpokit.vllm_backend), built lazily
-    reward_hooks: dict = field(default_factory=dict)  # TRL's trainer_state / log_metric / log_extra (callbacks.py)
-    reward_loop: Any = None  # run.iterations > 0: grpokit.iterative.RewardLoop (Algorithm 1: RM continual training)
-
-
-def _can_fuse(params: list[torch.Tensor]) -> bool:
-    """AdamW's fused kernel (one pass over all parameters) applies: plain floating tensors on CPU or CUDA.
-    On the CPU it is ~5x faster than the default per-parameter loop (tiny bench model: 1.3 vs 6.5 ms)."""
-    return bool(params) and all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_floating_point()
-                                and p.device.type in ("cpu", "cuda") for p in params)
-
-
-def make_optimizer(model: torch.nn.Module, cfg: GRPOConfig):
-    """AdamW over trainable parameters and a constant / linear schedule with linear warm-up."""
-    o = cfg.optim
-    params = [p for p in model.parameters() if p.requires_grad]
-    if o.optim == "adamw_8bit":
-        try:
-            import bitsandbytes as bnb
-        except ImportError:
-            raise ValueError("optim.optim=adamw_8bit needs bitsandbytes: pip install bitsandbytes, "
-                             "or use optim.optim=adamw") from None
-        opt = bnb.optim.AdamW8bit(params, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2),
-                                  weight_decay=o.weight_decay)
-    else:
-        opt = torch.optim.AdamW(params, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2),
-                                weight_decay=o.weight_decay, fused=_can_fuse(params) or None)
-    total = cfg.run.max_steps * cfg.loss.num_iterations
-
-    def factor(update: int) -> float:
-        if o.warmup_steps and update < o.warmup_steps:
-            return (update + 1) / o.warmup_steps
-        if o.lr_scheduler_type == "linear":
-            return max(0.0, (total - update) / max(1, total - o.warmup_steps))
-        return 1.0
-
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-def build_state(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list | None = None,
+def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
                 eval_examples: list | None = None, reward_funcs: list | None = None) -> TrainState:
     """Load the policy (or take the given one), its frozen reference (only when beta > 0), data, rewards.
 
@@ -117,7 +67,6 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: lis
     dist = Distributed.from_env(cfg.run.fsdp)  # torchrun / accelerate launch: N ranks; else a no-op
     dist.check(cfg.rollout.prompts_per_step)
     torch.manual_seed(cfg.run.seed)
-    keep_freed_memory()                                      # no page faults re-growing each pass's activations
     if model is None:
         model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
     apply_precision(model, cfg)                              # fp32, or bf16 compute on fp32 master weights (logged)
@@ -128,92 +77,21 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: lis
         dist.prepare(ref, trainable=False)                   # sharded under FSDP, a plain replica under DDP
     dist.seed(cfg.run.seed)                                  # rank r > 0: its own sampling stream
     optimizer, scheduler = make_optimizer(model, cfg)
-    if train_examples is None or (eval_examples is None and cfg.run.eval_limit != 0):
-        from .tasks import load_examples
     train = train_examples if train_examples is not None else load_examples(cfg.task, cfg.task.train_split)
     evals = eval_examples if eval_examples is not None else (
         load_examples(cfg.task, cfg.task.eval_split) if cfg.run.eval_limit != 0 else [])
     if len(train) < cfg.rollout.prompts_per_step:
-        from .tasks import TaskError
-
         raise TaskError(f"the training split has {len(train)} examples, fewer than one batch "
                         f"(rollout.prompts_per_step={cfg.rollout.prompts_per_step}): add data or lower "
                         "rollout.prompts_per_step")
     critic = None
     if cfg.loss.algorithm == "ppo":  # the comparison baseline: a value model initialised from the policy
-        from .ppo import build_critic
-
         critic = build_critic(model, cfg)
     funcs = reward_funcs or build_reward_funcs(cfg, next(model.parameters()).device)
     loop = RewardLoop(cfg, funcs) if cfg.run.iterations else None  # Algorithm 1: trains the rm: reward in place
     return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs,
                       dist.shard_stream(PromptStream(train, cfg.run.seed)), evals, critic=critic, dist=dist,
                       reward_loop=loop)
-
-
-def _reward_columns(examples: list, group_size: int) -> dict[str, list]:
-    keys = examples[0].columns.keys() if examples else []
-    return {k: [ex.columns.get(k) for ex in examples for _ in range(group_size)] for k in keys}
-
-
-def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
-    """[A] + [B] for one set of prompts: (rollout, reward batch, correctness [N] or None)."""
-    from .rewards import REWARDS, reward_kwargs, score_responses, token_char_ends
-
-    cfg, r = state.cfg, state.cfg.rollout
-    with timer("generate"), state.dist.unsharded(state.model):
-        if r.backend == "vllm":  # another engine samples (grpokit.vllm_backend); the same Rollout contract
-            from .vllm_backend import vllm_sample
-
-            rollout = vllm_sample(state, [ex.prompt for ex in examples])
-        else:
-            rollout = sample_groups(state.model, state.tokenizer, [ex.prompt for ex in examples], r.num_generations,
-                                    r.max_completion_length, r.temperature, r.top_p, r.top_k, r.max_prompt_length,
-                                    r.truncate_prompt, r.backend, generation_batch_size=r.generation_batch_size,
-                                    chat_template_kwargs=cfg.task.chat_template_kwargs,
-                                    keep_activations=recording_policy(cfg, state.dist.world_size, state.model))
-    with timer("reward"):
-        columns = _reward_columns(examples, r.num_generations)
-        ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
-        extra: dict[str, Any] = dict(completion_ids=ids, **reward_kwargs(cfg), **state.reward_hooks)
-        if any(getattr(fn, "process", False) for _, fn, _ in state.reward_funcs):
-            extra["completion_char_ends"] = [token_char_ends(state.tokenizer, row) for row in ids]
-        scores = score_responses(state.reward_funcs, rollout.prompts, rollout.completions, columns,
-                                 reward_errors=cfg.reward.reward_errors, **extra)
-        if state.reward_loop is not None:  # the RM's next training data, labeled by the verifier
-            state.reward_loop.record(rollout, columns)
-        correct = scores.per_func.get("accuracy")
-        if correct is None and "answer" in columns:
-            acc = REWARDS["accuracy"](rollout.prompts, rollout.completions, **columns)
-            correct = torch.tensor([float("nan") if a is None else float(a) for a in acc])
-    return rollout, scores, correct
-
-
-def collect_batch(state: TrainState, timer: PhaseTimer):
-    """Prompts for one step, sampled and scored; with dynamic sampling (DAPO), groups whose rewards
-    are all equal are dropped and new prompts sampled, at most `max_resample_rounds` extra rounds."""
-    cfg = state.cfg
-    B, G = cfg.rollout.prompts_per_step // state.dist.world_size, cfg.rollout.num_generations  # this rank's B
-    rollout, scores, correct = generate_and_score(state, state.stream.take(B), timer)
-    info: dict[str, float] = {}
-    if not cfg.rollout.dynamic_sampling:
-        return rollout, scores, correct, info
-    parts, dropped, extra_gens, rounds = [], 0, 0, 0
-    while True:
-        std = torch.nan_to_num(scores.total.view(-1, G), nan=0.0).std(-1)  # [groups]
-        keep = (std > 1e-8).nonzero().squeeze(-1).tolist()
-        dropped += (scores.total.numel() // G) - len(keep)
-        parts.append((rollout, scores, correct, keep))
-        have = sum(len(k) for *_, k in parts)
-        if state.dist.all_true(have >= B or rounds >= cfg.rollout.max_resample_rounds):  # ranks in lock-step
-            break
-        rounds += 1
-        extra_gens += B * G
-        rollout, scores, correct = generate_and_score(state, state.stream.take(B), timer)
-    rollout, scores, correct = merge_kept_groups(parts, B, G, state.tokenizer.pad_token_id)
-    info = {"dynamic/groups_dropped": float(dropped), "dynamic/extra_generations": float(extra_gens),
-            "dynamic/groups_kept": float(rollout.group_ids.numel() // G)}
-    return rollout, scores, correct, info
 
 
 def compute_advantages(cfg: GRPOConfig, rollout: Rollout, rewards: torch.Tensor,
@@ -238,40 +116,44 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
     tracker: an optional `grpokit.tracking.Tracker` (completions log, per-prompt history).
     """
     cfg, lo = state.cfg, state.cfg.loss
+    if lo.algorithm == "ppo":
+        raise ValueError("loss.algorithm=ppo: run grpokit.ppo.ppo_train_step on this state "
+                         "(train_grpo picks it: step_function)")
     timer = timer or PhaseTimer()
-    if lo.algorithm == "ppo":  # the critic baseline GRPO is compared against (grpokit.ppo)
-        from .ppo import ppo_train_step
-
-        return ppo_train_step(state, timer, tracker)
-    rollout, scores, correct, info = collect_batch(state, timer)
-    loss_mask = rollout.completion_mask.float()
-    if lo.mask_truncated_completions:
-        loss_mask = loss_mask * (~rollout.truncated).float()[:, None]     # no EOS: no loss
-    if rollout.activations is not None and update_plan(state, rollout)[1] is None:
-        rollout.activations = None       # reusing it would not pay for these lengths: free it before the passes
-    ref_lp = old_lp = None
-    if state.ref_model is not None:
-        with timer("ref_forward"):
-            ref_lp = forward_logprobs(state.ref_model, rollout, cfg, state.dist.logprobs_fn(state.ref_model))
-    if lo.num_iterations > 1:
-        with timer("old_forward"):
-            old_lp = forward_logprobs(state.model, rollout, cfg, state.dist.logprobs_fn(state.model))  # once per batch
-    rewards = scores.total
-    with timer("advantage"):
-        if lo.kl_in_reward and ref_lp is not None:
-            base = old_lp if old_lp is not None else forward_logprobs(state.model, rollout, cfg,
-                                                                      state.dist.logprobs_fn(state.model))
-            seq_kl = (k3_kl(base, ref_lp) * rollout.completion_mask).sum(-1)  # [N]
-            rewards = rewards - lo.beta * seq_kl.to(rewards.device)
-        if torch.isinf(rewards).any():  # NaN marks a skipped score; inf is a broken reward function
-            raise FloatingPointError("rewards contain inf: check the reward functions")
-        advantages = compute_advantages(cfg, rollout, rewards.cpu(), scores.step_rewards, state.dist)
-    skipped_before = state.skipped_updates
-    with timer("update"):
-        if state.dist.all_true(bool(torch.isfinite(advantages).all())):  # every rank updates, or none
-            upd = policy_update(state, rollout, advantages, old_lp, ref_lp, loss_mask, timer)
-        else:  # checked before the update: NaN advantages would poison every weight
-            upd = {"grad_norm": skip_update(state)}
+    # Every optional CPU speed-up (C kernels, fused ops, activation reuse: grpokit.fast) is on for this
+    # step's passes only; outside this block, and with it left out, the step is plain PyTorch.
+    with fast.accelerated(state.model, cfg, ref_model=state.ref_model, world_size=state.dist.world_size):
+        rollout, scores, correct, info = collect_batch(state, timer)
+        loss_mask = rollout.completion_mask.float()
+        if lo.mask_truncated_completions:
+            loss_mask = loss_mask * (~rollout.truncated).float()[:, None]  # no EOS: no loss
+        fast.decide_reuse(state, rollout)  # reuse the sampler's record? decided once; one that won't pay is freed
+        ref_lp = old_lp = None
+        if state.ref_model is not None:
+            with timer("ref_forward"):
+                ref_lp = forward_logprobs(state.ref_model, rollout, cfg,
+                                          state.dist.logprobs_fn(state.ref_model))
+        if lo.num_iterations > 1:
+            with timer("old_forward"):
+                old_lp = forward_logprobs(state.model, rollout, cfg,
+                                          state.dist.logprobs_fn(state.model))  # once per batch
+        rewards = scores.total
+        with timer("advantage"):
+            if lo.kl_in_reward and ref_lp is not None:
+                base = old_lp if old_lp is not None else forward_logprobs(state.model, rollout, cfg,
+                                                                          state.dist.logprobs_fn(state.model))
+                seq_kl = (k3_kl(base, ref_lp) * rollout.completion_mask).sum(-1)  # [N]
+                rewards = rewards - lo.beta * seq_kl.to(rewards.device)
+            if torch.isinf(rewards).any():  # NaN marks a skipped score; inf is a broken reward function
+                raise FloatingPointError("rewards contain inf: check the reward functions")
+            advantages = compute_advantages(cfg, rollout, rewards.cpu(), scores.step_rewards, state.dist)
+        skipped_before = state.skipped_updates
+        with timer("update"):
+            if state.dist.all_true(bool(torch.isfinite(advantages).all())):  # every rank updates, or none
+                upd = policy_update(state, rollout, advantages, old_lp=old_lp, ref_lp=ref_lp, loss_mask=loss_mask,
+                                    timer=timer)
+            else:  # checked before the update: NaN advantages would poison every weight
+                upd = {"grad_norm": skip_update(state)}
     if state.skipped_updates > skipped_before:
         _log_bad_batch(state, rollout, "loss or gradient" if "loss" in upd else "advantages")
     if lo.ref_model_sync_steps and state.ref_model is not None and (state.step + 1) % lo.ref_model_sync_steps == 0:
@@ -291,6 +173,11 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
         if tracker is not None:
             tracker.observe(state.step, rollout, scores, adv_flat, correct)
     return metrics
+
+
+def step_function(cfg: GRPOConfig) -> Callable[..., dict[str, float]]:
+    """The step the loop runs: GRPO's `train_step`, or `grpokit.ppo.ppo_train_step` for loss.algorithm=ppo."""
+    return ppo_train_step if cfg.loss.algorithm == "ppo" else train_step
 
 
 def save_final(state: TrainState, out_dir: str | Path) -> Path:
@@ -316,7 +203,7 @@ def _log_bad_batch(state: TrainState, rollout: Rollout, what: str) -> None:
                 state.step + 1, what, state.bad_steps, state.cfg.run.max_bad_steps, json.dumps(prompts))
 
 
-def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list | None = None,
+def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
                eval_examples: list | None = None, hooks: dict[str, Callable] | None = None,
                callbacks: TrainHooks | list | None = None, reward_funcs: list | None = None) -> TrainState:
     """[H] The GRPO loop: fresh samples every step, one metrics.jsonl row per step, evaluation before
@@ -328,10 +215,6 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
     """
     from tqdm import tqdm
 
-    from .loggers import build_loggers, resolve_report_to
-    from .metrics import MetricsWriter
-    from .tracking import Tracker
-
     hooks = hooks or {}
     out_dir = Path(cfg.run.output_dir)
     resolve_report_to(cfg.run.report_to)  # a missing tracker package fails now, not after loading the model
@@ -341,7 +224,8 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
         run_dir.check_output_dir(cfg)   # refuse a busy or unwritable folder now, deleting nothing
     else:
         log.setLevel(logging.WARNING)
-    state = build_state(cfg, model, tokenizer, train_examples, eval_examples, reward_funcs)
+    state = build_state(cfg, model, tokenizer, train_examples=train_examples, eval_examples=eval_examples,
+                        reward_funcs=reward_funcs)
     check_prompts(cfg, state.tokenizer, state.stream.examples, state.eval_examples)  # chat template, lengths
     events = callbacks if isinstance(callbacks, TrainHooks) else TrainHooks(cfg, callbacks)
     state.reward_hooks = events.reward_kwargs()
@@ -359,12 +243,13 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, train_examples: list
     if not resumed and state.eval_examples:
         loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, "before")))
     timer = PhaseTimer()
+    step = step_function(cfg)  # GRPO's train_step, or PPO's (the critic baseline): chosen once, here
     bar = tqdm(total=cfg.run.max_steps, initial=state.step, disable=not (cfg.run.progress and main), desc="grpo",
                dynamic_ncols=True)
     try:
         while state.step < cfg.run.max_steps:
             with timer("step"):  # phases inside: generate reward ref_forward old_forward advantage update save log
-                metrics = train_step(state, timer, tracker)
+                metrics = step(state, timer, tracker)
                 if state.reward_loop is not None and state.reward_loop.at_boundary(state.step):
                     with timer("reward_model"):  # Algorithm 1: RM continual training, reference <- policy
                         row = state.reward_loop.end_iteration(state, out_dir if main else None)
@@ -402,8 +287,6 @@ def _log_step(state: TrainState, metrics: dict, timer: PhaseTimer, *, writer, lo
     """One step's row: metrics.jsonl, the trackers, the progress bar and, every logging_steps, a console line."""
     from tqdm import tqdm
 
-    from .metrics import finish_step_row, format_console
-
     finish_step_row(metrics, timer)  # time/<phase> so far, tokens/s, peak memory
     metrics.update(events.step_metrics())  # what reward functions sent to log_metric
     writer.write({**metrics, **events.step_extras()})
@@ -431,8 +314,6 @@ def _stop_on_bad_steps(state: TrainState, out_dir: Path) -> None:
 
 def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:
     """Greedy held-out evaluation; appended to eval.jsonl and logged (rank 0 only; {} on other ranks)."""
-    from .evaluate import evaluate
-
     cfg = state.cfg
     with state.dist.unsharded(state.model):  # FSDP: every rank gathers the weights, rank 0 evaluates
         if not state.dist.is_main:

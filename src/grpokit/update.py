@@ -3,7 +3,8 @@
 `policy_update` runs mu optimizer updates over one generation batch: micro-batches of similar-length
 rows, each loss normalized by whole-batch counts so that gradient accumulation (and data parallel
 ranks) give the one-big-batch update; a non-finite loss or gradient skips the update and counts it.
-The objective itself is the pure function `grpokit.loss.grpo_objective_from_logprobs`.
+The objective itself is the pure function `grpokit.loss.grpo_objective_from_logprobs`; the weights
+change in `optimizer_step` (clip, `optimizer.step()`, schedule step), at the bottom of this file.
 """
 
 from __future__ import annotations
@@ -12,19 +13,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import fast
 from .logprobs import micro_batches, per_token_logprobs
 from .loss import grpo_objective_from_logprobs, logprob_mismatch, truncated_is_weights
 from .metrics import PhaseTimer
-from .reuse import reused_logprobs, update_plan
 from .rollout import Rollout
+from .state import TrainState
 
 if TYPE_CHECKING:
     from .config import GRPOConfig
-    from .trainer import TrainState
 
 
-def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperature: float, fn=per_token_logprobs,
-                  record=None, consume: bool = False, **kw):
+def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperature: float, *,
+                  fn=per_token_logprobs, record=None, consume: bool = False, **kw):
     """Log-probs for some rows (a slice or an index tensor), trimmed to their longest prompt and completion.
 
     record: the sampler's `ActivationRecord` of these weights (rows must be an index tensor): the forward
@@ -38,7 +39,8 @@ def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperatu
     ids = torch.cat([rollout.prompt_ids[rows, P0:], rollout.completion_ids[rows, :T]], dim=1)
     att = torch.cat([p_mask[:, P0:], mask[:, :T]], dim=1)
     if record is not None:
-        return reused_logprobs(model, record, rows, ids, att, T, temperature=temperature, consume=consume, **kw), T
+        return fast.reused_logprobs(model, record, rows, ids, att, T, temperature=temperature, consume=consume,
+                                    **kw), T
     return fn(model, ids, att, T, temperature=temperature, **kw), T  # fn: through DDP/FSDP when distributed
 
 
@@ -56,13 +58,12 @@ def forward_logprobs(model, rollout: Rollout, cfg: GRPOConfig, fn=per_token_logp
     return out.clone()  # leave inference mode: usable in autograd as a constant
 
 
-def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, old_lp, ref_lp,
+def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, *, old_lp, ref_lp,
                   loss_mask: torch.Tensor, timer: PhaseTimer) -> dict[str, float]:
     """[E-F] mu optimizer updates over the generation batch, micro-batched with gradient accumulation."""
     cfg, lo, dist = state.cfg, state.cfg.loss, state.dist
     N = rollout.completion_ids.shape[0]                                   # this rank's completions
-    groups, record, last_use = update_plan(state, rollout)               # length buckets; the reuse decision
-    rollout.activations = None                                            # the record is used once (or not at all)
+    groups, record, last_use = fast.update_plan(state, rollout)          # length buckets; the reuse decision
     n_micro = len(groups)
     # Normalizers over the whole generation batch, all ranks (grpokit.distributed); one process: N, tokens
     total = dist.reduce_sums({"seqs": N, "tokens": loss_mask.sum(), "micro": n_micro})
@@ -117,7 +118,8 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
         if use is not None:
             use.release()
         with timer("optimizer"):
-            grad_norm = clip_and_step(state) if dist.all_true(bool(loss_finite)) else skip_update(state)
+            # the weights move here: clip, AdamW step, LR schedule step (optimizer_step, below)
+            grad_norm = optimizer_step(state) if dist.all_true(bool(loss_finite)) else skip_update(state)
         sums = dist.reduce_sums(sums)                    # one all-reduce: figures over the whole batch
         suffix = "" if it == 0 else f"/iter{it}"
         for k, v in sums.items():
@@ -128,16 +130,9 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
     return out
 
 
-def skip_update(state: TrainState) -> float:
-    """Drop this update (weights, optimizer moments and LR schedule untouched); count it. Returns NaN."""
-    state.optimizer.zero_grad(set_to_none=True)
-    state.bad_steps += 1
-    state.skipped_updates += 1
-    return float("nan")
-
-
-def clip_and_step(state: TrainState) -> float:
-    """Clip, then step, unless the gradient is non-finite (then the update is skipped and counted)."""
+def optimizer_step(state: TrainState) -> float:
+    """Clip, then AdamW step and schedule step, unless the gradient is non-finite (then the update is
+    skipped and counted). Returns the gradient norm before clipping."""
     params = [p for p in state.model.parameters() if p.requires_grad]
     max_norm = state.cfg.optim.max_grad_norm or float("inf")
     norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
@@ -149,3 +144,11 @@ def clip_and_step(state: TrainState) -> float:
     state.optimizer.zero_grad(set_to_none=True)
     state.bad_steps = 0
     return norm
+
+
+def skip_update(state: TrainState) -> float:
+    """Drop this update (weights, optimizer moments and LR schedule untouched); count it. Returns NaN."""
+    state.optimizer.zero_grad(set_to_none=True)
+    state.bad_steps += 1
+    state.skipped_updates += 1
+    return float("nan")

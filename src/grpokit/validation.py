@@ -6,36 +6,28 @@ calls `validate` when it is built, so a bad value never reaches training.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import typing
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from .config import ConfigError, Precision, _suggest
+from .errors import ConfigError, suggest
 
 if TYPE_CHECKING:
     from .config import GRPOConfig
 
-CHOICES = {
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "model.precision": typing.get_args(Precision),
-    "task.name": ("arithmetic", "gsm8k", "math500", "jsonl", "hf"),
-    "task.format": ("boxed", "r1"),
-    "rollout.truncate_prompt": ("left", "error"),
-    "rollout.backend": ("auto", "fast", "generate", "vllm"),
-    "reward.reward_errors": ("raise", "skip"),
-    "loss.loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
-    "loss.importance_sampling_level": ("token", "sequence"),
-    "loss.scale_rewards": ("group", "batch", "none"),
-    "rollout.vllm_mode": ("colocate", "server"),
-    "loss.tis_level": ("token", "sequence", "none"),
-    "loss.algorithm": ("grpo", "ppo"),
-    "optim.lr_scheduler_type": ("constant", "linear"),
-    "optim.optim": ("adamw", "adamw_8bit"),
-    "rm.precision": ("fp32", "bf16"),
-    "rm.transform": ("none", "sigmoid"),
-    "rm.objective": ("pointwise", "pairwise"),
-    "rm.step_labels": ("verifier", "mc"),
-}
+
+def choices(cfg: GRPOConfig) -> dict[str, tuple[str, ...]]:
+    """{'section.field': its options} for every field typed with a `grpokit.choices` Literal."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        section = getattr(cfg, f.name)
+        if not dataclasses.is_dataclass(section):
+            continue
+        for name, tp in typing.get_type_hints(type(section)).items():
+            if typing.get_origin(tp) is Literal:
+                out[f"{f.name}.{name}"] = typing.get_args(tp)
+    return out
 
 
 _DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
@@ -47,11 +39,11 @@ def _check(ok: bool, msg: str) -> None:
 
 
 def _check_choices(cfg: GRPOConfig) -> None:
-    for key, options in CHOICES.items():
+    for key, options in choices(cfg).items():
         section, name = key.split(".", 1)
         value = getattr(getattr(cfg, section), name)
         _check(value in options, f"{key} must be one of {', '.join(options)}, got {value!r}"
-               f"{_suggest(str(value), options)}")
+               f"{suggest(str(value), options)}")
 
 
 def _check_precision(cfg: GRPOConfig) -> None:
@@ -174,7 +166,7 @@ def _check_reward_model_task(cfg: GRPOConfig) -> None:
            f"({cfg.reward.step_wrong_reward}): a right step must earn more than a wrong one")
     device = cfg.model.device
     _check(_DEVICE.fullmatch(device) is not None, f"model.device must be auto, cpu, cuda, cuda:N or mps, "
-           f"got {device!r}{_suggest(device, ('auto', 'cpu', 'cuda', 'mps'))}")
+           f"got {device!r}{suggest(device, ('auto', 'cpu', 'cuda', 'mps'))}")
     _check(bool(cfg.model.lora_target_modules) or not cfg.model.lora_r,
            "model.lora_target_modules is empty: name the modules LoRA wraps, e.g. "
            "q_proj,k_proj,v_proj,o_proj")

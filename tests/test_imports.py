@@ -1,0 +1,164 @@
+"""The package's import structure: no cycles, every module importable alone, the pure math light.
+
+The graph is read from the source (AST), so it counts imports inside functions too; imports under
+`if TYPE_CHECKING:` are left out (they never run). Function-level imports are kept for optional or
+heavy third-party packages only (matplotlib, tqdm, vllm, wandb, math-verify, ...): a grpokit module
+imported inside a function would hide a cycle, so there is none, bar the allow-list below.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "grpokit"
+
+# (importer, imported): grpokit-internal imports allowed inside a function, each with its reason.
+FUNCTION_LEVEL_ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, modules: set[str]) -> set[str]:
+    """The grpokit modules an import statement loads (a `from pkg import name` of a submodule counts it)."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name in modules}
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level:
+        base = base[:len(base) - node.level + 1]
+        prefix = ".".join(base + ([node.module] if node.module else []))
+    else:
+        prefix = node.module or ""
+    out = set()
+    for alias in node.names:
+        sub = f"{prefix}.{alias.name}"
+        out.add(sub if sub in modules else prefix)
+    return out & modules
+
+
+def import_graph() -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
+    """({module: modules it imports}, [(importer, imported, line) of imports inside a function])."""
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = set(paths)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    inside: list[tuple[str, str, int]] = []
+
+    def visit(node: ast.AST, module: str, is_package: bool, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if _is_type_checking(child):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for target in _targets(module, is_package, child, modules) - {module}:
+                    graph[module].add(target)
+                    if in_function:
+                        inside.append((module, target, child.lineno))
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            visit(child, module, is_package, nested)
+
+    for module, path in paths.items():
+        visit(ast.parse(path.read_text(encoding="utf-8")), module, path.name == "__init__.py", False)
+    return graph, inside
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(v: str) -> list[str] | None:
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if state.get(w) == 1:
+                return stack[stack.index(w):] + [w]
+            if w not in state and (cycle := dfs(w)):
+                return cycle
+        stack.pop()
+        state[v] = 2
+        return None
+
+    for v in sorted(graph):
+        if v not in state and (cycle := dfs(v)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_a_planted_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_graph_reads_function_level_and_relative_imports():
+    graph, _ = import_graph()
+    assert "grpokit.loss" in graph["grpokit.update"]           # `from .loss import ...` at module level
+    assert len(graph) > 40 and all(m.startswith("grpokit") for m in graph)
+
+
+def test_no_import_cycles():
+    graph, _ = import_graph()
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_grpokit_imports_inside_functions():
+    _, inside = import_graph()
+    bad = [f"{a} imports {b} inside a function (line {n})" for a, b, n in inside
+           if (a, b) not in FUNCTION_LEVEL_ALLOWED]
+    assert not bad, "\n".join(bad)
+
+
+_ISOLATION = """
+import importlib, json, sys, traceback
+before = set(sys.modules)
+failed = {}
+for name in json.loads(sys.argv[1]):
+    for m in [m for m in sys.modules if m not in before]:
+        del sys.modules[m]
+    try:
+        importlib.import_module(name)
+    except Exception:
+        failed[name] = traceback.format_exc(limit=-3)
+print(json.dumps(failed))
+"""
+
+
+def test_each_module_imports_alone():
+    """A fresh interpreter, then each module with every module the previous one loaded forgotten.
+
+    torch and friends stay loaded (forgetting them breaks their C extensions); grpokit's own modules
+    and everything else imported after start-up are dropped between modules.
+    """
+    graph, _ = import_graph()
+    # vllm_*: need vllm to run; __main__ runs the command line
+    optional = {"grpokit.vllm_backend", "grpokit.vllm_engine", "grpokit.vllm_serve", "grpokit.__main__"}
+    names = sorted(m for m in graph if m not in optional)
+    warm = "import torch, transformers, safetensors.torch\n"
+    out = subprocess.run([sys.executable, "-c", warm + _ISOLATION, json.dumps(names)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    failed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not failed, "\n".join(f"{k}:\n{v}" for k, v in failed.items())
+
+
+HEAVY = ("grpokit.trainer", "grpokit.sampler", "grpokit.native", "grpokit.attention", "grpokit.fused_ops",
+         "grpokit.reuse", "grpokit.rollout", "grpokit.update", "transformers")
+
+
+def test_pure_math_pulls_in_no_kernel_sampler_trainer_or_transformers():
+    probe = ("import sys, json, grpokit.loss, grpokit.advantages\n"
+             f"print(json.dumps(sorted(m for m in sys.modules"
+             f" if any(m == h or m.startswith(h + '.') for h in {HEAVY!r}))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == []
