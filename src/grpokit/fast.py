@@ -59,8 +59,8 @@ def active() -> Scope:
 
 @contextlib.contextmanager
 def accelerated(model: torch.nn.Module, cfg=None, *, ref_model: torch.nn.Module | None = None,
-                world_size: int = 1, enabled: bool = True,
-                record: bool | Callable | None = None) -> Iterator[Scope]:
+                world_size: int = 1, enabled: bool = True, record: bool | Callable | None = None,
+                timer=None) -> Iterator[Scope]:
     """Every optional CPU speed-up on for the passes inside (see the module docstring); restored on exit.
 
     Args:
@@ -70,6 +70,7 @@ def accelerated(model: torch.nn.Module, cfg=None, *, ref_model: torch.nn.Module 
         world_size: processes training together (a record is only reused with one).
         enabled: False runs the plain path (as does `plain()`).
         record: overrides cfg's recording policy (tests, bench): False, True, or lengths -> bool.
+        timer: a `grpokit.metrics.PhaseTimer`; the swaps in and out are timed as its "accelerate" phase.
 
     A context entered inside another one changes nothing (the outer one decides).
     """
@@ -80,11 +81,13 @@ def accelerated(model: torch.nn.Module, cfg=None, *, ref_model: torch.nn.Module 
         with plain() as scope:
             yield scope
         return
-    native.keep_freed_memory()
-    policy = record if record is not None else (
-        reuse.recording_policy(cfg, world_size, model) if cfg is not None else False)
-    scope = Scope(on=True, model_id=id(model), recording=policy)
-    with contextlib.ExitStack() as stack:
+    timed = (lambda: timer("accelerate")) if timer is not None else contextlib.nullcontext
+    stack = contextlib.ExitStack()
+    with timed():
+        native.keep_freed_memory()
+        policy = record if record is not None else (
+            reuse.recording_policy(cfg, world_size, model) if cfg is not None else False)
+        scope = Scope(on=True, model_id=id(model), recording=policy)
         stack.enter_context(attention.kernel_attention(model))
         for m in (model, ref_model):      # not under activation checkpointing: its recompute runs the
             # class's forward after the swap is gone
@@ -93,7 +96,11 @@ def accelerated(model: torch.nn.Module, cfg=None, *, ref_model: torch.nn.Module 
         stack.enter_context(_grouped_kv_with_masks(_device(model)))
         token = _SCOPE.set(scope)
         stack.callback(_SCOPE.reset, token)
+    try:
         yield scope
+    finally:
+        with timed():
+            stack.close()
 
 
 @contextlib.contextmanager

@@ -122,12 +122,14 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
     timer = timer or PhaseTimer()
     # Every optional CPU speed-up (C kernels, fused ops, activation reuse: grpokit.fast) is on for this
     # step's passes only; outside this block, and with it left out, the step is plain PyTorch.
-    with fast.accelerated(state.model, cfg, ref_model=state.ref_model, world_size=state.dist.world_size):
+    with fast.accelerated(state.model, cfg, ref_model=state.ref_model, world_size=state.dist.world_size,
+                         timer=timer):
         rollout, scores, correct, info = collect_batch(state, timer)
         loss_mask = rollout.completion_mask.float()
         if lo.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated).float()[:, None]  # no EOS: no loss
-        fast.decide_reuse(state, rollout)  # reuse the sampler's record? decided once; one that won't pay is freed
+        with timer("update"):  # the update's micro-batch plan: reuse the sampler's record? decided once, here,
+            fast.decide_reuse(state, rollout)  # so a record that won't pay is freed before the passes
         ref_lp = old_lp = None
         if state.ref_model is not None:
             with timer("ref_forward"):
