@@ -23,6 +23,7 @@ import torch
 
 from grpokit import sft, sweep
 from grpokit.config import build_config
+from grpokit.errors import UserError, run_command
 from grpokit.experiment_plots import Panels
 from grpokit.experiments import (
     advantage_noise,
@@ -263,6 +264,8 @@ def report_grpo_vs_ppo(sweep_dir, rows):
 
 def run(name: str, report_only: bool) -> None:
     spec = Path("configs/sweeps") / f"{name}.yaml"
+    if not spec.is_file():
+        raise UserError(f"{spec} not found in {Path.cwd()}: run this script from the repository root")
     t0 = time.monotonic()
     if not report_only:
         if name == "length_chain":
@@ -294,4 +297,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(main, sys.argv[1:]))     # a user error: one `error:` line, exit 2

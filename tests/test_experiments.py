@@ -162,3 +162,15 @@ def test_every_experiment_report_runs_on_a_tiny_sweep(tmp_path, monkeypatch):
         assert table.count("\n") >= 3, name                               # header, rule, one line per cell
     noise = json.loads((tmp_path / "results" / "k_noise.json").read_text())
     assert set(noise) == {"start", "after_G8_seed0"} and set(noise["start"]["group"]) == {"2", "8"}
+
+
+def test_reports_without_a_finished_sweep_are_one_line_errors(tmp_path, monkeypatch, capsys):
+    from grpokit.errors import UserError
+    from grpokit.experiments import sweep_rows
+
+    with pytest.raises(UserError, match="run the sweep first"):
+        sweep_rows(tmp_path / "nothing")
+    monkeypatch.chdir(tmp_path)                       # not the repository root: no configs/sweeps here
+    script = _script()
+    assert script.run_command(script.main, ["k", "--report"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: configs/sweeps/k.yaml not found")

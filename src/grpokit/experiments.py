@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from .advantages import group_advantages
+from .errors import UserError
 from .evaluate import decode_and_score
 from .metrics import read_metrics
 
@@ -49,7 +50,7 @@ def sweep_rows(sweep_dir: str | Path) -> list[dict[str, Any]]:
     """The results rows of a sweep folder (results.json, written by `grpokit sweep`)."""
     path = Path(sweep_dir) / "results.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run the sweep first (grpokit sweep SWEEP.yaml)")
+        raise UserError(f"{path} not found: run the sweep first (grpokit sweep SWEEP.yaml, or drop --report)")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
