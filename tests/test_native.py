@@ -351,9 +351,10 @@ print(kept, *faults)
 def test_keep_freed_memory_stops_refaulting_each_pass():
     """Without it, glibc maps pass 1's blocks, raises its (moving) mmap threshold when they are freed,
     serves pass 2 from a fresh heap and trims it again: ~14,000 faults in pass 2, every time. Later
-    passes vary with glibc's heuristics (0-12,500 seen), so only pass 2 is compared for the plain side.
-    With it the pages are reused: 0-2,560 faults in passes 2-4 together (10 runs). GRPOKIT_KEEP_MEMORY=0
-    leaves malloc alone."""
+    passes vary with glibc's heuristics (0-12,500 seen). With it the pages are mostly reused: passes 2-4
+    together took 0-2,560 faults while `import grpokit` loaded the whole package (10 runs), up to 7,400
+    against ~34,000-39,000 without since the package is imported lazily (a smaller heap at the start;
+    2026-12-02), so the kept side is compared with the plain one. GRPOKIT_KEEP_MEMORY=0 leaves malloc alone."""
     import os
     import subprocess
     import sys
@@ -366,7 +367,8 @@ def test_keep_freed_memory_stops_refaulting_each_pass():
     kept, faults = run()
     plain_kept, plain_faults = run(GRPOKIT_KEEP_MEMORY="0")
     assert kept and not plain_kept
-    assert sum(faults[1:]) < 5000 and plain_faults[1] > 10000, (faults, plain_faults)
+    assert plain_faults[1] > 10000, plain_faults                          # the refaulting it prevents
+    assert sum(faults[1:]) < min(10000, sum(plain_faults[1:]) / 3), (faults, plain_faults)
 
 
 def test_keep_freed_memory_rejects_other_values(monkeypatch):
