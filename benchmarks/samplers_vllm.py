@@ -27,8 +27,8 @@ B, G, T = len(PROMPTS), 8, 64
 
 
 def _load():
-    from grpokit.config import ModelConfig
-    from grpokit.models import load_model_and_tokenizer
+    from grpokit.config.schema import ModelConfig
+    from grpokit.model.loading import load_model_and_tokenizer
 
     return load_model_and_tokenizer(ModelConfig(name_or_path="smollm2-135m-instruct", device="cpu"))
 
@@ -48,7 +48,7 @@ def measure(sampler: str, kv_cache_gib: float) -> dict:
     model, tok = _load()
     model.eval()
     if sampler in ("fast", "generate"):
-        from grpokit.rollout import sample_groups
+        from grpokit.rollout.groups import sample_groups
 
         def fn() -> int:
             r = sample_groups(model, tok, PROMPTS, G, T, backend=sampler, suppress_eos=True)
@@ -56,8 +56,8 @@ def measure(sampler: str, kv_cache_gib: float) -> dict:
     else:
         import vllm
 
-        from grpokit.vllm_backend import save_plain_folder
-        from grpokit.vllm_engine import VLLMEngine
+        from grpokit.rollout.vllm_backend import save_plain_folder
+        from grpokit.rollout.vllm_engine import VLLMEngine
 
         folder = Path(tempfile.mkdtemp(prefix="grpokit-bench-"))
         save_plain_folder(model, tok, folder)

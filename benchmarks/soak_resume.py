@@ -41,13 +41,13 @@ def pin_config(path: Path, args: argparse.Namespace) -> Path:
     read this file, so a change to grpokit's defaults during the soak cannot change the run."""
     import yaml
 
-    from grpokit.cli import DEMO
-    from grpokit.config import build_config
+    from grpokit.cli.main import DEMO
+    from grpokit.config.schema import build_config
 
     reward = {"rule": 1.0, f"{Path(__file__).resolve()}:digit_share": 0.2}
-    cfg = build_config({**DEMO, "reward.funcs": reward, "run.max_steps": args.steps, "run.save_steps": args.save_steps,
-                        "run.eval_limit": 0, "run.progress": False, "run.logging_steps": args.steps,
-                        "run.seed": args.seed})
+    cfg = build_config({**DEMO, "reward.funcs": reward, "run.max_steps": args.steps,
+                        "run.save_steps": args.save_steps, "run.eval_limit": 0, "run.progress": False,
+                        "run.logging_steps": args.steps, "run.seed": args.seed})
     path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     return path
 
@@ -93,7 +93,8 @@ def crashed_run(config: Path, out: Path, args: argparse.Namespace, log_file) -> 
     kills, written, attempts, in_save = [], 0, 0, 0
     while True:
         attempts += 1
-        proc = subprocess.Popen(command(config, out, resume=True), env=env(), stdout=log_file, stderr=log_file)
+        proc = subprocess.Popen(command(config, out, resume=True), env=env(), stdout=log_file,
+                                stderr=log_file)
         target = targets[len(kills)] if len(kills) < len(targets) else None
         done = None
         while target is not None and done is None and steps_logged(out) < target:
@@ -119,14 +120,16 @@ def compare(reference: Path, crashed: Path, steps: int) -> dict:
     """Bit-identity of the final weights; each step logged once; per-step rewards and losses equal."""
     from safetensors.torch import load_file
 
-    from grpokit.metrics import read_metrics
+    from grpokit.observe.metrics import read_metrics
 
-    a, b = load_file(reference / "final" / "model.safetensors"), load_file(crashed / "final" / "model.safetensors")
+    a, b = (load_file(reference / "final" / "model.safetensors"),
+            load_file(crashed / "final" / "model.safetensors"))
     identical = a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].equal(b[k]) for k in a)
     rows_a, rows_b = read_metrics(reference), read_metrics(crashed)
     logged = [r["step"] for r in rows_b]
     same_rows = len(rows_a) == len(rows_b) and all(
-        (x["reward_mean"], x.get("loss")) == (y["reward_mean"], y.get("loss")) for x, y in zip(rows_a, rows_b))
+        (x["reward_mean"], x.get("loss")) == (y["reward_mean"], y.get("loss"))
+        for x, y in zip(rows_a, rows_b))
     moved = sum(1 for r in rows_b if r.get("grad_norm", 0.0) > 0)
     return {"weights_bit_identical": identical, "steps_logged_once": logged == list(range(1, steps + 1)),
             "steps_with_nonzero_grad": moved,
@@ -170,7 +173,8 @@ def main() -> int:
     print(f"final weights bit-identical to the uninterrupted run: {result['weights_bit_identical']}; "
           f"per-step reward and loss equal: {result['per_step_reward_and_loss_equal']}")
     print(f"wall time: {result['wall_s']} s")
-    ok = result["weights_bit_identical"] and result["steps_logged_once"] and result["per_step_reward_and_loss_equal"]
+    ok = (result["weights_bit_identical"] and result["steps_logged_once"]
+          and result["per_step_reward_and_loss_equal"])
     return 0 if ok else 1
 
 

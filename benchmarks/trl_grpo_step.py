@@ -21,7 +21,15 @@ import time
 
 import torch
 
-from grpokit.bench import bench_prompts, build_model, digit_reward, matmul_peak_gflops, model_flops, parse_args, summarize
+from grpokit.cli.bench import (
+    bench_prompts,
+    build_model,
+    digit_reward,
+    matmul_peak_gflops,
+    model_flops,
+    parse_args,
+    summarize,
+)
 
 
 class _Clock:
@@ -47,6 +55,7 @@ class _Clock:
 def run_trl(args) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
+
     from trl import GRPOConfig, GRPOTrainer
 
     model, tok = build_model(args.size, args.seed, args.mean_length, args.model)
@@ -58,7 +67,8 @@ def run_trl(args) -> dict:
     out_dir = tempfile.mkdtemp(prefix="trl-bench-")
     cfg = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=B * G, generation_batch_size=B * G,
                      gradient_accumulation_steps=1, num_generations=G, max_completion_length=T,
-                     beta=args.beta, loss_type="grpo", bf16=args.trl_precision == "default", fp16=False, gradient_checkpointing=args.gradient_checkpointing,
+                     beta=args.beta, loss_type="grpo", bf16=args.trl_precision == "default", fp16=False,
+                     gradient_checkpointing=args.gradient_checkpointing,
                      num_iterations=1, learning_rate=1e-6, temperature=1.0, top_p=1.0, top_k=0,
                      scale_rewards="group", mask_truncated_completions=False, max_steps=args.steps,
                      logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=args.seed,
@@ -75,7 +85,8 @@ def run_trl(args) -> dict:
     peak, peak_bf16 = matmul_peak_gflops(), matmul_peak_gflops(dtype=torch.bfloat16)
     clock.wrap(trainer, "_generate_single_turn", "generate")
     clock.wrap(trainer, "_calculate_rewards", "reward")
-    clock.wrap(trainer, "_get_per_token_logps_and_entropies", "ref_forward", when=lambda: not torch.is_grad_enabled())
+    clock.wrap(trainer, "_get_per_token_logps_and_entropies", "ref_forward",
+               when=lambda: not torch.is_grad_enabled())
     clock.wrap(trainer, "_prepare_inputs", "prepare")
     clock.wrap(trainer, "training_step", "train_step")
     orig_gen = trainer._generate_single_turn

@@ -30,8 +30,9 @@ def summarize(run_dirs: list[Path]) -> str:
             rows[r["tag"]] = r
         b, a = rows["before"], rows["after"]
         wall = (d / "wall_seconds.txt").read_text().strip() if (d / "wall_seconds.txt").is_file() else "n/a"
-        lines.append(f"| {d.name.rsplit('seed', 1)[-1]} | {int(b['num_problems'])} | {100 * b['accuracy']:.1f}% | "
-                     f"{100 * a['accuracy']:.1f}% | {100 * (a['accuracy'] - b['accuracy']):+.1f} pt | {a['step']} | {wall} s |")
+        lines.append(f"| {d.name.rsplit('seed', 1)[-1]} | {int(b['num_problems'])} | "
+                     f"{100 * b['accuracy']:.1f}% | {100 * a['accuracy']:.1f}% | "
+                     f"{100 * (a['accuracy'] - b['accuracy']):+.1f} pt | {a['step']} | {wall} s |")
     return "\n".join(lines)
 
 

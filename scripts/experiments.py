@@ -7,7 +7,7 @@
     python scripts/experiments.py k --report   # figure and table only, from the finished sweep
 
 Each writes docs/experiments/<name>.png, benchmarks/results/experiments/<name>.md (the table in
-docs/experiments.md) and <name>.json (every figure behind it). Definitions: `grpokit.experiments`.
+docs/experiments.md) and <name>.json (every figure behind it). Definitions: `grpokit.observe.experiments`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
-from grpokit import sft, sweep
-from grpokit.config import build_config
+from grpokit.cli import sft, sweep
+from grpokit.config.schema import build_config
 from grpokit.errors import UserError, run_command
-from grpokit.experiment_plots import Panels
-from grpokit.experiments import (
+from grpokit.model.loading import load_model_and_tokenizer
+from grpokit.observe.experiment_plots import Panels
+from grpokit.observe.experiments import (
     advantage_noise,
     by_label,
     cell_series,
@@ -36,16 +37,15 @@ from grpokit.experiments import (
     seed_bands,
     sweep_rows,
 )
-from grpokit.metrics import read_metrics
-from grpokit.models import load_model_and_tokenizer
+from grpokit.observe.metrics import read_metrics
 from grpokit.tasks import load_examples
 
 FIGURES, RESULTS = Path("docs/experiments"), Path("benchmarks/results/experiments")
 POOL_PROMPTS, POOL_SIZE = 128, 128     # advantage noise: completions pooled per training prompt
 EXPERIMENTS = ("k", "graduation", "length", "length_chain", "std_scaling", "all_wrong", "grpo_vs_ppo")
 CHAIN_MODEL = Path("runs/sft/arith-chain")   # the warm start of length_chain (three-term sums)
-CHAIN_SFT = ["task.terms=3", "task.num_train=15000", "rollout.max_completion_length=48", "--out", str(CHAIN_MODEL),
-             "--steps", "800", "--stop-at", "400", "--eval-limit", "200"]
+CHAIN_SFT = ["task.terms=3", "task.num_train=15000", "rollout.max_completion_length=48", "--out",
+             str(CHAIN_MODEL), "--steps", "800", "--stop-at", "400", "--eval-limit", "200"]
 
 
 def _mean(xs):
@@ -106,22 +106,27 @@ def report_k(sweep_dir, rows):
                  "after_G8_seed0": _pool_noise(sweep_dir, mid, sweep_dir / mid["folder"] / "final", sizes)}
         cache.write_text(json.dumps(noise, indent=1))
     fig = Panels(title="Experiment 1: group size G at 25,600 sampled completions (B = 16), 3 seeds")
-    fig.curves(seed_bands(rows, sweep_dir, "eval/accuracy", x="completions"), title="held-out greedy accuracy",
+    fig.curves(seed_bands(rows, sweep_dir, "eval/accuracy", x="completions"),
+               title="held-out greedy accuracy",
                xlabel="completions sampled", ylabel="accuracy", percent=True)
     fig.curves(seed_bands(rows, sweep_dir, "frac_zero_std", x="completions", window=20),
                title="share of zero-std groups (20-step mean)", xlabel="completions sampled", ylabel="share")
-    fig.bars({f"{w} ({m})": [noise[w][m][g]["adv_rmse"] for g in sizes] for w in noise for m in ("group", "none")},
-             categories=[f"G={g}" for g in sizes], title="advantage error vs the pool's (rms)", ylabel="rms error")
+    fig.bars({f"{w} ({m})": [noise[w][m][g]["adv_rmse"] for g in sizes]
+              for w in noise for m in ("group", "none")},
+             categories=[f"G={g}" for g in sizes], title="advantage error vs the pool's (rms)",
+             ylabel="rms error")
     lines = []
     for (label, members), g in zip(groups.items(), sizes):
         half = _mean([cell_series(sweep_dir / r["folder"], "eval/accuracy")[1][2] for r in members]) * 100
         lines.append([f"G={g}", members[0]["steps"], f"{_first_eval(members, sweep_dir) * 100:.1f}",
-                      f"{half:.1f}", _spread(members, "eval/accuracy", 100), _spread(members, "wall_s", 1, ".0f"),
-                      _spread(members, "mean/frac_zero_std", 1, ".2f"),
-                      f"{noise['start']['group'][g]['adv_noise']:.3f} / {noise['start']['group'][g]['adv_rmse']:.3f}",
+                      f"{half:.1f}", _spread(members, "eval/accuracy", 100),
+                      _spread(members, "wall_s", 1, ".0f"), _spread(members, "mean/frac_zero_std", 1, ".2f"),
+                      f"{noise['start']['group'][g]['adv_noise']:.3f} / "
+                      f"{noise['start']['group'][g]['adv_rmse']:.3f}",
                       f"{noise['start']['group'][g]['frac_zero_std']:.2f}"])
     table = _table(["G", "steps", "acc before %", "acc at half budget %", "acc after % (min-max)", "wall s",
-                    "zero-std share", "adv noise / rms error (start model)", "zero-std share (start pool)"], lines)
+                    "zero-std share", "adv noise / rms error (start model)",
+                    "zero-std share (start pool)"], lines)
     return fig, table, {"noise": noise}
 
 
@@ -135,16 +140,17 @@ def report_graduation(sweep_dir, rows):
     shares = {f"steps {a}-{b}": gradient_share(history, steps=(a, b), group_size=G) for a, b in quarters}
     fig = Panels(title="Experiment 2: graduation over the demo run (3 seeds)", columns=2)
     for key, title in (("frac_graduated", "graduated (all right)"), ("frac_stuck", "stuck (all wrong)")):
-        fig.curves(seed_bands(rows, sweep_dir, key, window=20), title=f"share of groups {title}, 20-step mean",
-                   xlabel="step", ylabel="share")
-    fig.bars(hists, categories=cats, title="pass-rate histogram of the groups sampled", ylabel="share of groups",
-             xlabel="correct answers in the group")
+        fig.curves(seed_bands(rows, sweep_dir, key, window=20),
+                   title=f"share of groups {title}, 20-step mean", xlabel="step", ylabel="share")
+    fig.bars(hists, categories=cats, title="pass-rate histogram of the groups sampled",
+             ylabel="share of groups", xlabel="correct answers in the group")
     fig.bars(shares, categories=cats, title="gradient share: sum |A| x tokens by group pass rate",
              ylabel="share of the signal", xlabel="correct answers in the group")
     summaries = [json.loads((sweep_dir / r["folder"] / "prompt_summary.json").read_text()) for r in rows]
     lines = [[w, *(f"{v * 100:.0f}" for v in h)] for w, h in hists.items()]
     table = _table(["window", *cats], lines)
-    table += "\n\n" + _table(["quarter", *cats], [[w, *(f"{v * 100:.0f}" for v in s)] for w, s in shares.items()])
+    table += "\n\n" + _table(["quarter", *cats],
+                             [[w, *(f"{v * 100:.0f}" for v in s)] for w, s in shares.items()])
     counts = {k: [s[k] for s in summaries] for k in ("num_prompts", "graduated", "stuck", "learning")}
     return fig, table, {"histograms": hists, "gradient_share": shares, "prompt_status": counts}
 
@@ -153,17 +159,18 @@ def report_length(sweep_dir, rows):
     fig = Panels(title="Experiment 3: loss aggregation (loss_type), 3 seeds", columns=2)
     for key, title in (("completion_length_mean", "completion length"), ("completion_length_wrong",
                                                                           "length of wrong completions")):
-        fig.curves(seed_bands(rows, sweep_dir, key, window=20), title=f"{title} (20-step mean)", xlabel="step",
-                   ylabel="tokens")
+        fig.curves(seed_bands(rows, sweep_dir, key, window=20),
+                   title=f"{title} (20-step mean)", xlabel="step", ylabel="tokens")
     fig.curves(seed_bands(rows, sweep_dir, "eval/accuracy"), title="held-out greedy accuracy", xlabel="step",
                ylabel="accuracy", percent=True)
-    fig.curves(seed_bands(rows, sweep_dir, "frac_truncated", window=20), title="share truncated (20-step mean)",
-               xlabel="step", ylabel="share")
+    fig.curves(seed_bands(rows, sweep_dir, "frac_truncated", window=20),
+               title="share truncated (20-step mean)", xlabel="step", ylabel="share")
     def ends(members, key):
         series = [s for r in members if (s := cell_series(sweep_dir / r["folder"], key, window=20)[1])]
         if not series:                                   # e.g. no right answer in the whole run
             return "n/a"
-        return f"{_mean([s[min(19, len(s) - 1)] for s in series]):.1f} -> {_mean([s[-1] for s in series]):.1f}"
+        return (f"{_mean([s[min(19, len(s) - 1)] for s in series]):.1f} -> "
+                f"{_mean([s[-1] for s in series]):.1f}")
 
     lines = []
     for label, members in by_label(rows).items():
@@ -214,10 +221,11 @@ def report_std_scaling(sweep_dir, rows):
 
 def report_all_wrong(sweep_dir, rows):
     fig = Panels(title="Experiment 5: all-wrong groups, 3-digit sums for the 2-digit model (3 seeds)")
-    fig.curves(seed_bands(rows, sweep_dir, "eval/accuracy", x="completions"), title="held-out greedy accuracy",
+    fig.curves(seed_bands(rows, sweep_dir, "eval/accuracy", x="completions"),
+               title="held-out greedy accuracy",
                xlabel="completions sampled (kept)", ylabel="accuracy", percent=True)
-    fig.curves(seed_bands(rows, sweep_dir, "frac_zero_std", window=20), title="zero-std groups (20-step mean)",
-               xlabel="step", ylabel="share")
+    fig.curves(seed_bands(rows, sweep_dir, "frac_zero_std", window=20),
+               title="zero-std groups (20-step mean)", xlabel="step", ylabel="share")
     fig.curves(seed_bands(rows, sweep_dir, "frac_stuck", window=20), title="all-wrong groups (20-step mean)",
                xlabel="step", ylabel="share")
     lines = [[label, f"{_first_eval(m, sweep_dir) * 100:.1f}", _spread(m, "eval/accuracy", 100),
@@ -240,7 +248,8 @@ def _acc_at(folder, seconds):
 
 def report_grpo_vs_ppo(sweep_dir, rows):
     groups = by_label(rows)
-    phases = sorted({k for r in rows for k, v in r.items() if k.startswith("mean/time/") and k != "mean/time/step"
+    phases = sorted({k for r in rows for k, v in r.items() if k.startswith("mean/time/")
+                     and k != "mean/time/step"
                      and isinstance(v, float) and v >= 0.001})         # phases that take a millisecond
     budget = min(cell_series(sweep_dir / r["folder"], "eval/accuracy", x="seconds")[0][-1] for r in rows)
     fig = Panels(title="Experiment 6: GRPO vs PPO with a critic, same model, G, lengths, machine (3 seeds)",
@@ -281,7 +290,8 @@ def run(name: str, report_only: bool) -> None:
     wall = sum(r["wall_s"] for r in rows)
     (RESULTS / f"{name}.md").write_text(table + f"\n\nSum of cell wall times: {wall / 60:.1f} min.\n")
     (RESULTS / f"{name}.json").write_text(json.dumps({"rows": rows, **extra}, indent=1, default=str))
-    print(table, f"\nfigure {png}; cells' wall time {wall / 60:.1f} min; this command {time.monotonic() - t0:.0f} s",
+    print(table,
+          f"\nfigure {png}; cells' wall time {wall / 60:.1f} min; this command {time.monotonic() - t0:.0f} s",
           flush=True)
 
 

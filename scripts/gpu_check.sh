@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU check for a session lent a CUDA machine (no network), about 8 minutes at most:
 #   1. detect CUDA (no device: one "no CUDA device" line, exit 3, nothing else runs)
-#   2. the CUDA-marked tests (tests/test_vllm_cuda.py; pytest's "no tests ran" counts as a failure)
+#   2. the CUDA-marked tests (tests/rollout/test_vllm_cuda.py; pytest's "no tests ran" counts as a failure)
 #   3. a short bf16 GRPO run of SmolLM2-135M with grpokit's own sampler (scripts/gpu_run.py)
 #   4. the same with rollout.backend=vllm, when vLLM built for CUDA is importable
 # Each run prints s/step, tokens/s and peak memory. Runs from a plain checkout: src/ goes on PYTHONPATH,
@@ -36,7 +36,7 @@ step() {   # step NAME SECONDS CMD...: run with a time limit, record a failure
     [[ $rc -eq 0 ]] || failed+=("$name (rc=$rc)")
 }
 
-step cuda-tests 150 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_vllm_cuda.py
+step cuda-tests 150 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/rollout/test_vllm_cuda.py
 step grpo-fast 150 "$PY" scripts/gpu_run.py --backend fast --steps 6
 if "$PY" -c "import vllm, torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
     step grpo-vllm 180 "$PY" scripts/gpu_run.py --backend vllm --steps 6

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from grpokit.config import build_config
-from grpokit.metrics import peak_rss_mib
-from grpokit.models import build_char_tokenizer
-from grpokit.trainer import train_grpo
+from grpokit.config.schema import build_config
+from grpokit.model.loading import build_char_tokenizer
+from grpokit.observe.metrics import peak_rss_mib
+from grpokit.train.loop import train_grpo
 
 # SmolLM2-135M-Instruct's architecture (its config.json): a Llama of 30 layers, tied embeddings.
 SMOLLM2_SHAPE = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,

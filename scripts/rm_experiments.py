@@ -6,7 +6,7 @@
 Stages (each a plain grpokit command, printed before it runs):
     collect      the demo policy's own completions: 8 per training problem, labeled by the answer checker,
                  steps by the arithmetic verifier                         -> runs/rm/demo_samples.jsonl
-    pairwise     stage 1, from the demo checkpoint: Bradley-Terry within each problem  -> runs/rm/demo-pairwise
+    pairwise     stage 1, from the demo checkpoint: Bradley-Terry within each problem -> runs/rm/demo-pairwise
     outcome      stage 2, a fresh pointwise head on that backbone: the outcome RM    -> runs/rm/demo-outcome
     process      stage 2, a fresh token head on the same backbone, step labels       -> runs/rm/demo-process
     supervision  GRPO against each learned RM, the rule step verifier and the answer checker, 3 seeds
@@ -34,21 +34,23 @@ TRAIN_RM = ["rm", "train", "--data", str(SAMPLES), "--step-separator", SEP, "--l
 PAIRWISE = OUT / "demo-pairwise"  # stage 1: Bradley-Terry within each problem's group learns to check a sum
 
 STAGES: dict[str, tuple[Path, list[str]]] = {
-    "collect": (SAMPLES, ["rm", "collect", "configs/demo.yaml", "--out", str(SAMPLES), "--num-prompts", "7600",
-                          "--num-generations", "8", "--step-labels", "verifier", f"rm.step_separator={SEP}"]),
+    "collect": (SAMPLES, ["rm", "collect", "configs/demo.yaml", "--out", str(SAMPLES), "--num-prompts",
+                          "7600", "--num-generations", "8", "--step-labels", "verifier",
+                          f"rm.step_separator={SEP}"]),
     "pairwise": (PAIRWISE / "grpokit_rm.json",
                  TRAIN_RM + ["--init", "builtin:arith-demo", "--kind", "outcome", "--objective", "pairwise",
                              "--epochs", "2", "--batch-size", "32", "--out", str(PAIRWISE)]),
     # stage 2: a fresh head on that backbone, pointwise: the outcome RM (calibrated) and the process RM
     "outcome": (OUT / "demo-outcome" / "grpokit_rm.json",
-                TRAIN_RM + ["--init", str(PAIRWISE), "--kind", "outcome", "--objective", "pointwise", "--epochs", "1",
-                            "--batch-size", "64", "--out", str(OUT / "demo-outcome")]),
+                TRAIN_RM + ["--init", str(PAIRWISE), "--kind", "outcome", "--objective", "pointwise",
+                            "--epochs", "1", "--batch-size", "64", "--out", str(OUT / "demo-outcome")]),
     "process": (OUT / "demo-process" / "grpokit_rm.json",
-                TRAIN_RM + ["--init", str(PAIRWISE), "--kind", "process", "--objective", "pointwise", "--epochs", "1",
-                            "--batch-size", "32", "--out", str(OUT / "demo-process")]),
+                TRAIN_RM + ["--init", str(PAIRWISE), "--kind", "process", "--objective", "pointwise",
+                            "--epochs", "1", "--batch-size", "32", "--out", str(OUT / "demo-process")]),
     "supervision": (Path("runs/sweeps/rm_supervision/results.json"),
                     ["sweep", "configs/sweeps/rm_supervision.yaml"]),
-    "iterative": (Path("runs/sweeps/rm_iterative/results.json"), ["sweep", "configs/sweeps/rm_iterative.yaml"]),
+    "iterative": (Path("runs/sweeps/rm_iterative/results.json"),
+                  ["sweep", "configs/sweeps/rm_iterative.yaml"]),
 }
 
 
@@ -92,14 +94,16 @@ def supervision_table() -> str:
         after = [e["after"]["accuracy"] for e in ev if "after" in e]
         gain = [a - b for a, b in zip(after, before)]
         lines.append(f"| {variant} | {len(rows)} | {_pct(before)} | "
-                     f"{' / '.join(f'{100 * a:.1f}' for a in after)} | {100 * statistics.fmean(gain):+.1f} pt | "
+                     f"{' / '.join(f'{100 * a:.1f}' for a in after)} | "
+                     f"{100 * statistics.fmean(gain):+.1f} pt | "
                      f"{statistics.fmean(r['wall_s'] for r in rows):.0f} s |")
     return "\n".join(lines)
 
 
 def iterative_table() -> str:
     lines = [("| RM | seed | iteration | step | RM AUC on the policy's samples | within-group AUC | "
-              "verified accuracy (sampled) | held-out greedy accuracy |"), "|---|---|---|---|---|---|---|---|"]
+              "verified accuracy (sampled) | held-out greedy accuracy |"),
+             "|---|---|---|---|---|---|---|---|"]
     for row in _cells("rm_iterative"):
         folder = Path("runs/sweeps/rm_iterative") / row["folder"]
         evals = {int(r["step"]): r for r in _evals(folder).values()}
@@ -113,12 +117,14 @@ def iterative_table() -> str:
 
 
 def rm_table() -> str:
-    lines = ["| RM | held-out AUC | within-group AUC | accuracy | held-out samples |", "|---|---|---|---|---|"]
+    lines = ["| RM | held-out AUC | within-group AUC | accuracy | held-out samples |",
+             "|---|---|---|---|---|"]
     for name in ("demo-pairwise", "demo-outcome", "demo-process"):
         path = OUT / name / "grpokit_rm.json"
         if path.exists():
             rep = json.loads(path.read_text()).get("report", {}).get("held_out", {})
-            lines.append(f"| {name} | {rep.get('auc', float('nan')):.4f} | {rep.get('group_auc', float('nan')):.4f} | "
+            lines.append(f"| {name} | {rep.get('auc', float('nan')):.4f} | "
+                         f"{rep.get('group_auc', float('nan')):.4f} | "
                          f"{rep.get('accuracy', float('nan')):.4f} | {int(rep.get('num_samples', 0))} |")
     return "\n".join(lines)
 

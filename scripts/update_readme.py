@@ -1,10 +1,10 @@
-"""Regenerate README.md's config reference from the typed config (tests/test_readme.py checks it)."""
+"""Regenerate README.md's config reference from the typed config (tests/cli/test_readme.py checks it)."""
 
 import re
 import sys
 from pathlib import Path
 
-from grpokit.config import config_reference
+from grpokit.config.schema import config_reference
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 

@@ -11,14 +11,14 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 @pytest.fixture(scope="session")
 def char_tokenizer():
-    from grpokit.models import build_char_tokenizer
+    from grpokit.model.loading import build_char_tokenizer
 
     return build_char_tokenizer()
 
 
 @pytest.fixture()
 def tiny_model(char_tokenizer):
-    from grpokit.models import tiny_random_model
+    from grpokit.model.loading import tiny_random_model
 
     return tiny_random_model(char_tokenizer, seed=0)
 
@@ -37,7 +37,7 @@ def portable_kernels(tmp_path_factory):
     """grpokit's C kernels built without -march=native: the plain-C loops that machines without AVX2 run."""
     import ctypes
 
-    from grpokit import native
+    from grpokit.fast import native
 
     if native.kernels() is None:
         pytest.skip("no C compiler could build grpokit's kernels")
@@ -54,7 +54,7 @@ def portable_kernels(tmp_path_factory):
 @pytest.fixture(params=["native", "portable"])
 def lib(request):
     """Each kernel test runs on the default build (AVX2 paths where the CPU has them) and the plain-C one."""
-    from grpokit import native
+    from grpokit.fast import native
 
     if native.kernels() is None:
         pytest.skip("no C compiler could build grpokit's kernels")

@@ -3,7 +3,7 @@ that two such passes agree."""
 
 import torch
 
-from grpokit.logprobs import per_token_logprobs
+from grpokit.model.logprobs import per_token_logprobs
 
 
 def logprobs_and_grads(model, ids, att, T):

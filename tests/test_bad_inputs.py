@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit import cli
-from grpokit.config import ConfigError
+from grpokit.cli import main as cli
+from grpokit.config.schema import ConfigError
 
 BASE = ["model.name_or_path=builtin:tiny-random", "task.num_train=40", "task.num_eval=8",
         "rollout.prompts_per_step=2", "rollout.num_generations=4", "rollout.max_completion_length=8",
@@ -47,7 +47,7 @@ def user_reward(body: str):
 
 def saved_model(tmp: Path, eos: bool = True, tokenizer: bool = True) -> Path:
     """A tiny model folder as save_pretrained writes it (optionally without EOS or without a tokenizer)."""
-    from grpokit.models import build_char_tokenizer, tiny_random_model
+    from grpokit.model.loading import build_char_tokenizer, tiny_random_model
 
     tok = build_char_tokenizer()
     model = tiny_random_model(tok)
@@ -79,30 +79,40 @@ CASES = [
     ("group-of-one", args("rollout.num_generations=1"), "rollout.num_generations must be >= 2"),
     ("zero-temperature", args("rollout.temperature=0"), "rollout.temperature must be > 0, got 0.0"),
     ("top-p-above-1", args("rollout.top_p=1.5"), "rollout.top_p must be in (0, 1], got 1.5"),
-    ("unknown-loss-type", args("loss.loss_type=grpo2"), "loss.loss_type must be one of grpo, bnpo, dr_grpo, dapo"),
-    ("kl-in-reward-no-beta", args("loss.kl_in_reward=true", "loss.beta=0"), "loss.kl_in_reward needs loss.beta > 0"),
+    ("unknown-loss-type", args("loss.loss_type=grpo2"),
+     "loss.loss_type must be one of grpo, bnpo, dr_grpo, dapo"),
+    ("kl-in-reward-no-beta", args("loss.kl_in_reward=true", "loss.beta=0"),
+     "loss.kl_in_reward needs loss.beta > 0"),
     ("micro-batch-not-dividing", args("optim.micro_batch_size=3"), "optim.micro_batch_size (3) must divide"),
-    ("epsilon-high-below-low", args("loss.epsilon_high=0.1"), "loss.epsilon_high (0.1) must be >= loss.epsilon (0.2)"),
+    ("epsilon-high-below-low", args("loss.epsilon_high=0.1"),
+     "loss.epsilon_high (0.1) must be >= loss.epsilon (0.2)"),
     ("unknown-preset", args("preset=dapx"), "unknown preset 'dapx' (did you mean 'dapo'?)"),
     ("negative-save-limit", args("run.save_total_limit=-1"), "run.save_total_limit must be >= 0, got -1"),
-    ("reward-weight-not-number", args("reward.funcs={rule: lots}"), "reward.funcs.rule weight must be a number"),
+    ("reward-weight-not-number", args("reward.funcs={rule: lots}"),
+     "reward.funcs.rule weight must be a number"),
     ("resume-and-overwrite", lambda t: args()(t) + ["--resume", "--overwrite"],
      "run.resume and run.overwrite conflict"),
     ("resume-bad-word", args("run.resume=maybe"), "run.resume must be true, false or auto, got 'maybe'"),
     ("config-file-missing", lambda t: [str(t / "nope.yaml")], "config file"),
-    ("config-file-bad-yaml", lambda t: [str(write(t, "bad.yaml", "loss: [beta: 0.1\n"))], "is not valid YAML"),
+    ("config-file-bad-yaml", lambda t: [str(write(t, "bad.yaml", "loss: [beta: 0.1\n"))],
+     "is not valid YAML"),
     ("config-file-not-mapping", lambda t: [str(write(t, "list.yaml", "- 1\n- 2\n"))], "must hold a mapping"),
     ("override-without-equals", lambda t: [str(write(t, "ok.yaml", "loss:\n  beta: 0.0\n")), "beta"],
      "override 'beta' is not key=value"),
     # --- model ---
-    ("model-path-missing", args(f"model.name_or_path=/nonexistent/model"), "model path '/nonexistent/model' does not exist"),
-    ("model-folder-no-config", lambda t: args(f"model.name_or_path={(t / 'empty').mkdir() or t / 'empty'}")(t),
+    ("model-path-missing", args("model.name_or_path=/nonexistent/model"),
+     "model path '/nonexistent/model' does not exist"),
+    ("model-folder-no-config",
+     lambda t: args(f"model.name_or_path={(t / 'empty').mkdir() or t / 'empty'}")(t),
      "has no config.json: it is not a transformers model folder"),
-    ("model-not-causal-lm", lambda t: args(f"model.name_or_path={write(t, 'vit/config.json', json.dumps({'model_type': 'vit'})).parent}")(t),
+    ("model-not-causal-lm",
+     lambda t: args("model.name_or_path="
+                    f"{write(t, 'vit/config.json', json.dumps({'model_type': 'vit'})).parent}")(t),
      "is not a causal LM that transformers can load"),
     ("gguf-file-missing", lambda t: args(f"model.name_or_path={t}", "model.gguf_file=model.gguf")(t),
      "GGUF file 'model.gguf' not found"),
-    pytest.param("device-cuda-without-gpu", args("model.device=cuda"), "no CUDA device is visible: use model.device=cpu",
+    pytest.param("device-cuda-without-gpu", args("model.device=cuda"),
+                 "no CUDA device is visible: use model.device=cpu",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")),
     # --- tokenizer ---
     ("tokenizer-without-eos", lambda t: args(f"model.name_or_path={saved_model(t, eos=False)}")(t),
@@ -112,17 +122,25 @@ CASES = [
     # --- data ---
     ("unknown-task", args("task.name=gsm9k"), "task.name must be one of arithmetic, gsm8k, math500, jsonl"),
     ("jsonl-without-path", args("task.name=jsonl"), "task.path is required for task.name=jsonl"),
-    ("data-path-missing", lambda t: args("task.name=jsonl", f"task.path={t / 'none.jsonl'}")(t), "does not exist"),
-    ("empty-dataset", lambda t: args("task.name=jsonl", f"task.path={write(t, 'e.jsonl', '')}")(t), "has no examples"),
-    ("malformed-json-line", lambda t: args("task.name=jsonl", f"task.path={write(t, 'm.jsonl', jsonl('{oops'))}")(t),
+    ("data-path-missing", lambda t: args("task.name=jsonl", f"task.path={t / 'none.jsonl'}")(t),
+     "does not exist"),
+    ("empty-dataset", lambda t: args("task.name=jsonl", f"task.path={write(t, 'e.jsonl', '')}")(t),
+     "has no examples"),
+    ("malformed-json-line",
+     lambda t: args("task.name=jsonl", f"task.path={write(t, 'm.jsonl', jsonl('{oops'))}")(t),
      "not valid JSON"),
-    ("missing-prompt-column", lambda t: args("task.name=jsonl", f"task.path={write(t, 'c.jsonl', jsonl({'q': '1+1', 'answer': '2'}))}")(t),
+    ("missing-prompt-column",
+     lambda t: args("task.name=jsonl",
+                    f"task.path={write(t, 'c.jsonl', jsonl({'q': '1+1', 'answer': '2'}))}")(t),
      "missing field 'prompt'"),
-    ("smaller-than-one-batch", lambda t: args("task.name=jsonl", f"task.path={write(t, 'one.jsonl', jsonl({'prompt': '1+1?', 'answer': '2'}))}")(t),
+    ("smaller-than-one-batch",
+     lambda t: args("task.name=jsonl",
+                    f"task.path={write(t, 'one.jsonl', jsonl({'prompt': '1+1?', 'answer': '2'}))}")(t),
      "the training split has 1 examples, fewer than one batch (rollout.prompts_per_step=2)"),
     ("empty-eval-split", args("task.num_eval=0", "run.eval_limit=5"), "has no examples"),
     ("prompt-too-long", args("rollout.max_prompt_length=3", "rollout.truncate_prompt=error"),
-     "40 of 40 training prompts have more than rollout.max_prompt_length=3 tokens (longest 14): raise the limit"),
+     "40 of 40 training prompts have more than rollout.max_prompt_length=3 tokens (longest 14): "
+     "raise the limit"),
     # --- reward ---
     ("unknown-reward", args("reward.funcs={acc: 1.0}"), "unknown reward 'acc'"),
     ("reward-import-fails", args("reward.funcs={no_such_module_xyz:fn: 1.0}"), "cannot import"),
@@ -135,14 +153,18 @@ CASES = [
     ("reward-raises", user_reward("raise KeyError('answer')"),
      "failed on completion 0"),
     # --- output directory ---
-    ("output-dir-is-a-file", lambda t: args()(t)[:-1] + [f"run.output_dir={write(t, 'file', 'x')}"], "is a file: give a folder path"),
-    ("output-dir-not-writable", lambda t: args()(t)[:-1] + [f"run.output_dir={write(t, 'file', 'x') / 'run'}"],
+    ("output-dir-is-a-file", lambda t: args()(t)[:-1] + [f"run.output_dir={write(t, 'file', 'x')}"],
+     "is a file: give a folder path"),
+    ("output-dir-not-writable",
+     lambda t: args()(t)[:-1] + [f"run.output_dir={write(t, 'file', 'x') / 'run'}"],
      "cannot write to run.output_dir"),
-    ("output-dir-holds-a-run", lambda t: (previous_run(t), args()(t))[1], "already holds a run: pass --resume"),
+    ("output-dir-holds-a-run", lambda t: (previous_run(t), args()(t))[1],
+     "already holds a run: pass --resume"),
     ("resume-without-checkpoint", lambda t: args()(t) + ["--resume"], "holds no complete checkpoint"),
     ("resume-all-checkpoints-damaged", lambda t: (damage_all_checkpoints(t), args()(t) + ["--resume"])[1],
      "(damaged: checkpoint-1: trainer_state.pt has 0 bytes"),
-    ("resume-with-another-group-size", lambda t: (previous_run(t), args("rollout.num_generations=2")(t) + ["--resume"])[1],
+    ("resume-with-another-group-size",
+     lambda t: (previous_run(t), args("rollout.num_generations=2")(t) + ["--resume"])[1],
      "the config differs where it matters: rollout.num_generations 4 -> 2"),
 ]
 
@@ -155,7 +177,8 @@ def test_the_table_covers_every_category():
     assert len(ids) >= 30 and len(set(ids)) == len(ids)
 
 
-@pytest.mark.parametrize("name, setup, expected", CASES, ids=[c.values[0] if hasattr(c, "values") else c[0] for c in CASES])
+@pytest.mark.parametrize("name, setup, expected", CASES,
+                         ids=[c.values[0] if hasattr(c, "values") else c[0] for c in CASES])
 def test_bad_input_is_one_line_naming_the_fix(name, setup, expected, tmp_path, capsys):
     argv = setup(tmp_path)
     capsys.readouterr()

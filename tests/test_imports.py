@@ -100,7 +100,7 @@ def test_find_cycle_finds_a_planted_cycle():
 
 def test_graph_reads_function_level_and_relative_imports():
     graph, _ = import_graph()
-    assert "grpokit.loss" in graph["grpokit.update"]           # `from .loss import ...` at module level
+    assert "grpokit.core.loss" in graph["grpokit.train.update"]           # `from ... import` at module level
     assert len(graph) > 40 and all(m.startswith("grpokit") for m in graph)
 
 
@@ -140,7 +140,8 @@ def test_each_module_imports_alone():
     """
     graph, _ = import_graph()
     # vllm_*: need vllm to run; __main__ runs the command line
-    optional = {"grpokit.vllm_backend", "grpokit.vllm_engine", "grpokit.vllm_serve", "grpokit.__main__"}
+    optional = {"grpokit.rollout.vllm_backend", "grpokit.rollout.vllm_engine", "grpokit.cli.vllm_serve",
+                "grpokit.__main__"}
     names = sorted(m for m in graph if m not in optional)
     warm = "import torch, transformers, safetensors.torch\n"
     out = subprocess.run([sys.executable, "-c", warm + _ISOLATION, json.dumps(names)],
@@ -150,15 +151,42 @@ def test_each_module_imports_alone():
     assert not failed, "\n".join(f"{k}:\n{v}" for k, v in failed.items())
 
 
-HEAVY = ("grpokit.trainer", "grpokit.sampler", "grpokit.native", "grpokit.attention", "grpokit.fused_ops",
-         "grpokit.reuse", "grpokit.rollout", "grpokit.update", "transformers")
+HEAVY = ("grpokit.train", "grpokit.rollout", "grpokit.fast", "grpokit.model", "transformers")
 
 
 def test_pure_math_pulls_in_no_kernel_sampler_trainer_or_transformers():
-    probe = ("import sys, json, grpokit.loss, grpokit.advantages\n"
-             f"print(json.dumps(sorted(m for m in sys.modules"
-             f" if any(m == h or m.startswith(h + '.') for h in {HEAVY!r}))))")
+    """`import grpokit.core.*` loads the pure math and the choices it is typed with, and nothing else."""
+    probe = ("import sys, json, grpokit.core.loss, grpokit.core.advantages, grpokit.core.ppo\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('grpokit', 'transformers')))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout) == []
+    loaded = json.loads(out.stdout)
+    assert not [m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY)], loaded
+    assert set(loaded) == {"grpokit", "grpokit.core", "grpokit.core.advantages", "grpokit.core.loss",
+                           "grpokit.core.ppo", "grpokit.config", "grpokit.config.choices"}
+
+
+def test_core_imports_only_core_and_the_choices():
+    graph, _ = import_graph()
+    for module in (m for m in graph if m.startswith("grpokit.core")):
+        outside = {t for t in graph[module] if not t.startswith("grpokit.core")} - {"grpokit.config.choices"}
+        assert not outside, f"{module} imports {sorted(outside)}: grpokit.core is pure tensor math"
+
+
+def test_speed_ups_are_reached_only_through_the_one_switch():
+    """Outside grpokit.fast, a module imports `grpokit.fast` (the switch) and none of its kernels' modules."""
+    graph, _ = import_graph()
+    bad = [f"{m} imports {t}" for m, targets in graph.items() if not m.startswith("grpokit.fast")
+           for t in targets if t.startswith("grpokit.fast.")]
+    assert not bad, "\n".join(bad)
+    users = {m for m, targets in graph.items() if "grpokit.fast" in targets}
+    assert {"grpokit.train.step", "grpokit.rollout.sampler"} <= users        # the graph sees the switch
+
+
+def test_each_subpackage_says_what_it_holds():
+    """Every subpackage's docstring names each of its modules (the README's code map points at them)."""
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        missing = [p.stem for p in init.parent.glob("*.py") if p.stem != "__init__" and p.stem not in doc]
+        assert doc and not missing, f"{init.parent.name}/__init__.py does not name {missing}"

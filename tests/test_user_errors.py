@@ -4,7 +4,7 @@ Each row of CASES: (id, setup(tmp) -> argv of `grpokit`, expected fragment of th
 command runs with tmp as the working folder; every file and folder under tmp (previous runs, models,
 data, configs, would-be outputs) is hashed before and after, and the two listings must be equal:
 a command that fails on user input writes nothing, deletes nothing and leaves a previous run (even
-under --overwrite) byte-identical. Most rows run in-process through `grpokit.cli.main`; SUBPROCESS
+under --overwrite) byte-identical. Most rows run in-process through `grpokit.cli.main.main`; SUBPROCESS
 runs a few through `python -m grpokit` to check what a shell sees. (tests/test_bad_inputs.py has the
 train-only table of failures found while training, such as misbehaving reward functions.)
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit import cli
-from grpokit.bench import run_json_side
+from grpokit.cli import main as cli
+from grpokit.cli.bench import run_json_side
 from grpokit.errors import UserError, run_command
 
 TRACEBACK = "Traceback (most recent call last)"
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """Built once: a finished 1-step run with a checkpoint, a saved tiny model, a fake run for plot/report."""
-    from grpokit.models import build_char_tokenizer, tiny_random_model
+    from grpokit.model.loading import build_char_tokenizer, tiny_random_model
 
     root = tmp_path_factory.mktemp("assets")
     cwd = os.getcwd()
@@ -113,7 +113,8 @@ CASES = [
      "v_prj match no module of the model (did you mean v_proj?)"),
     ("overwrite-bad-device", over_previous("model.device=gpu"), "model.device must be auto, cpu, cuda"),
     ("overwrite-no-chat-template", over_previous("task.chat_template=true"), "cannot apply a chat template"),
-    ("overwrite-prompt-too-long", over_previous("rollout.max_prompt_length=3", "rollout.truncate_prompt=error"),
+    ("overwrite-prompt-too-long",
+     over_previous("rollout.max_prompt_length=3", "rollout.truncate_prompt=error"),
      "training prompts have more than rollout.max_prompt_length=3 tokens"),
     ("overwrite-and-resume", lambda t, a: over_previous()(t, a) + ["--resume"],
      "run.resume and run.overwrite conflict"),
@@ -181,7 +182,8 @@ CASES = [
      "between 1 and --samples (2)"),
     ("eval-negative-samples", lambda t, a: [*EVAL, "--samples", "-1"], "--samples must be >= 0"),
     ("eval-bad-device", lambda t, a: [*EVAL, "model.device=gpu"], "(did you mean 'cpu'?)"),
-    ("eval-no-chat-template", lambda t, a: [*EVAL, "task.chat_template=true"], "cannot apply a chat template"),
+    ("eval-no-chat-template", lambda t, a: [*EVAL, "task.chat_template=true"],
+     "cannot apply a chat template"),
     ("eval-key-space-value", lambda t, a: ["eval", "rollout.max_prompt_length", "512"],
      "write rollout.max_prompt_length=512"),
     ("eval-jsonl-not-utf8",
@@ -286,7 +288,7 @@ def test_bench_reports_its_childs_one_line_error_as_its_own():
 
 
 def test_another_task_brings_its_own_lengths_and_says_what_it_kept(caplog):
-    from grpokit.cli import demo_config
+    from grpokit.cli.main import demo_config
 
     with caplog.at_level(logging.INFO, logger="grpokit"):
         cfg = demo_config({"task.name": "gsm8k", "optim.learning_rate": 1e-6})

@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 # (module, class) of each user-error type; looked up lazily so that `grpokit --help` imports no torch
-_USER_ERRORS = (("grpokit.models", "ModelError"), ("grpokit.run_dir", "OutputDirError"),
-                ("grpokit.rollout", "PromptTooLongError"), ("grpokit.tasks", "TaskError"),
-                ("grpokit.rewards", "RewardError"), ("grpokit.lora", "LoRAError"),
-                ("grpokit.vllm_engine", "VLLMError"))
+_USER_ERRORS = (("grpokit.model.loading", "ModelError"), ("grpokit.train.run_dir", "OutputDirError"),
+                ("grpokit.rollout.groups", "PromptTooLongError"), ("grpokit.tasks", "TaskError"),
+                ("grpokit.rewards.scoring", "RewardError"), ("grpokit.model.lora", "LoRAError"),
+                ("grpokit.rollout.vllm_engine", "VLLMError"))
 
 
 class ConfigError(ValueError):

@@ -5,7 +5,9 @@
 
 Built-in tasks (`task.name`): ``arithmetic`` (generated offline from `task.seed`), ``gsm8k``,
 ``math500``, ``jsonl`` (any file with `task.prompt_column` and `task.answer_column`) and ``hf``
-(TRL-format data read with `datasets`, taken as it is: `grpokit.tasks.hf`).
+(TRL-format data read with `datasets`, taken as it is: `grpokit.tasks.hf`). The modules: `base` (the
+`Example` record and the task errors), `arithmetic` (the generator), `files` (GSM8K, MATH-500 and jsonl
+readers) and `hf`.
 
 Prompting is the same for every task. The question is followed by an instruction when
 `task.format` is ``r1`` (think inside ``<think> </think>``, then box the answer) or when
@@ -21,7 +23,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.config import TaskConfig
+from grpokit.config.schema import TaskConfig
 from grpokit.tasks.arithmetic import arithmetic_problems
 from grpokit.tasks.base import Example, Problem, TaskError
 from grpokit.tasks.files import LOADERS
@@ -125,10 +127,12 @@ def load_examples(task: TaskConfig, split: str) -> list[Example]:
         return hf_examples(task, split)
     problems = _problems(task, split)
     if not problems:
-        raise TaskError(f"task {task.name}: split '{split}' has no examples: check task.path / the split name")
+        raise TaskError(f"task {task.name}: split '{split}' has no examples: "
+                        "check task.path / the split name")
     pool = _problems(task, task.train_split) if task.few_shot else []
     if task.few_shot and not pool:
-        raise TaskError(f"task.few_shot={task.few_shot} needs training problems, but '{task.train_split}' is empty")
+        raise TaskError(f"task.few_shot={task.few_shot} needs training problems, "
+                        f"but '{task.train_split}' is empty")
     out = []
     for problem in problems:
         demos = _demos(task, pool, problem.question) if task.few_shot else []

@@ -13,14 +13,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from grpokit.answers import normalize_number
-from grpokit.config import TaskConfig
+from grpokit.config.schema import TaskConfig
+from grpokit.rewards.answers import normalize_number
 from grpokit.tasks.base import Problem, TaskError, read_jsonl, text_field
 
 logger = logging.getLogger(__name__)
 
 HUB = {"gsm8k": ("openai/gsm8k", "main"), "math500": ("HuggingFaceH4/MATH-500", None)}
-# Lengths (tokens) each file task brings when it replaces the built-in demo's arithmetic (grpokit.cli):
+# Lengths (tokens) each file task brings when it replaces the built-in demo's arithmetic (grpokit.cli.main):
 # GSM8K questions reach ~850 characters (~250 BPE tokens) before any template, MATH-500 problems ~1,700
 # and their solutions ~3,400; a jsonl task of unknown shape gets the paper defaults (512 / 256).
 TASK_LENGTHS: dict[str, dict[str, int]] = {
@@ -66,7 +66,8 @@ def _rows(task: TaskConfig, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def _hub_rows(task: TaskConfig, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
     if task.name not in HUB:
-        raise TaskError(f"task {task.name} needs task.path: give a .jsonl file or a folder holding {split}.jsonl")
+        raise TaskError(f"task {task.name} needs task.path: give a .jsonl file or a folder holding "
+                        f"{split}.jsonl")
     try:
         import datasets
     except ImportError:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from grpokit.config import TaskConfig
+from grpokit.config.schema import TaskConfig
 from grpokit.tasks.base import Example, TaskError
 
 # Keywords every reward call already carries: a column with one of these names would collide.

@@ -5,6 +5,10 @@
 `GRPOConfig` takes TRL 1.16's field names and defaults (a real `trl.GRPOConfig` works too);
 `GRPOTrainer` takes TRL's arguments and trains with grpokit's loop. Every TRL field is mapped to
 grpokit's config or refused with a one-line reason (`grpokit.trl.fields`, docs/coming_from_trl.md).
+
+    config     GRPOConfig (TRL's names and defaults);  fields: every TRL field and its fate
+    translate  a TRL config to grpokit's GRPOConfig;   inputs: datasets, reward functions, peft configs
+    trainer    GRPOTrainer: train(), save_model(), callbacks, on grpokit.train.loop.train_grpo
 """
 
 from grpokit.trl.config import GRPOConfig

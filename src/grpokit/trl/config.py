@@ -6,7 +6,7 @@
 It holds values only; `grpokit.trl.translate` turns them into grpokit's nested, typed config (the
 same translation takes a real `trl.GRPOConfig`). An unknown name is rejected at once with a
 suggestion, a refused field when the trainer is built, with the reason. Not to be confused with
-`grpokit.config.GRPOConfig`, grpokit's own nested config, whose defaults are the paper's.
+`grpokit.config.schema.GRPOConfig`, grpokit's own nested config, whose defaults are the paper's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import copy
 import difflib
 from typing import Any
 
-from grpokit.config import ConfigError
+from grpokit.config.schema import ConfigError
 from grpokit.trl.fields import FIELDS
 
 

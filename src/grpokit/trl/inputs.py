@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from grpokit.config import ConfigError
-from grpokit.lora import is_peft_model
-from grpokit.models import load_tokenizer
-from grpokit.process_rm import ProcessRewardModel
-from grpokit.reward_models import RewardModel, reward_model_for
-from grpokit.rewards import get_reward_function
+from grpokit.config.schema import ConfigError
+from grpokit.model.loading import load_tokenizer
+from grpokit.model.lora import is_peft_model
+from grpokit.rewards.outcome_rm import RewardModel, reward_model_for
+from grpokit.rewards.process_rm import ProcessRewardModel
+from grpokit.rewards.scoring import get_reward_function
 from grpokit.tasks.hf import examples_from_rows
 
 

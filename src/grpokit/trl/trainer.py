@@ -1,4 +1,4 @@
-"""`GRPOTrainer`: TRL's trainer API, trained by grpokit's loop (`grpokit.trainer.train_grpo`).
+"""`GRPOTrainer`: TRL's trainer API, trained by grpokit's loop (`grpokit.train.loop.train_grpo`).
 
     from grpokit.trl import GRPOConfig, GRPOTrainer     # was: from trl import GRPOConfig, GRPOTrainer
 
@@ -20,20 +20,21 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpokit import checkpoint
-from grpokit.callbacks import TrainHooks
-from grpokit.cli import describe
-from grpokit.config import ConfigError, build_config
-from grpokit.config import GRPOConfig as NestedConfig
-from grpokit.evaluate import evaluate as evaluate_model
-from grpokit.model_card import write_model_card
-from grpokit.models import (
+from grpokit.cli.main import describe
+from grpokit.config.schema import ConfigError, build_config
+from grpokit.config.schema import GRPOConfig as NestedConfig
+from grpokit.model.loading import (
     check_tokenizer_fits,
     load_model_and_tokenizer,
     prepare_tokenizer,
     resolve_device,
 )
-from grpokit.trainer import TrainState, save_final, train_grpo
+from grpokit.observe.model_card import write_model_card
+from grpokit.train import checkpoint
+from grpokit.train.callbacks import TrainHooks
+from grpokit.train.evaluate import evaluate as evaluate_model
+from grpokit.train.loop import save_final, train_grpo
+from grpokit.train.state import TrainState
 from grpokit.trl.config import GRPOConfig
 from grpokit.trl.inputs import (
     dataset_examples,
@@ -60,7 +61,7 @@ class GRPOTrainer:
         eval_dataset: the same, evaluated before and after training and by `evaluate()`.
         processing_class: the policy's tokenizer (default: the model's).
         reward_processing_classes: tokenizers of reward models, one per reward function (None for plain).
-        callbacks: transformers.TrainerCallback objects (see `grpokit.callbacks`).
+        callbacks: transformers.TrainerCallback objects (see `grpokit.train.callbacks`).
         optimizers: must be (None, None): grpokit builds its AdamW from the config.
         peft_config: a peft config (LoraConfig, ...) to wrap a plain model with.
 

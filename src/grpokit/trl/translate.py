@@ -1,4 +1,4 @@
-"""TRL's flat GRPOConfig values -> grpokit's nested, typed config (`grpokit.config.build_config`).
+"""TRL's flat GRPOConfig values -> grpokit's nested, typed config (`grpokit.config.schema.build_config`).
 
     t = translate(values, num_prompts=len(train_dataset))
     cfg = build_config(t.overrides)          # validated as any grpokit config
@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpokit.config import SECTIONS, ConfigError
-from grpokit.loss import LOSS_TYPES
+from grpokit.config.schema import SECTIONS, ConfigError
+from grpokit.core.loss import LOSS_TYPES
 from grpokit.trl.fields import FIELDS, REASONS, REFUSE
 
 # MAP fields copied as they are: TRL field -> grpokit key.

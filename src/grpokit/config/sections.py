@@ -1,0 +1,238 @@
+"""The config's sections, one dataclass each: every field's type, default and meaning, declared once.
+
+`grpokit.config.schema` assembles them into `GRPOConfig`; each field's help text is the README's
+config reference; a choice field's options come from its `grpokit.config.choices` Literal, which the
+validation checks against too.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpokit.config.choices import (
+    Algorithm,
+    AnswerFormat,
+    Backend,
+    Dtype,
+    ImportanceSamplingLevel,
+    LossType,
+    LRScheduler,
+    Optimizer,
+    Precision,
+    RewardErrors,
+    RMObjective,
+    RMPrecision,
+    RMTransform,
+    ScaleRewards,
+    StepLabels,
+    TaskName,
+    TISLevel,
+    TruncatePrompt,
+    VLLMMode,
+)
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with its documentation kept in the metadata (the config reference)."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: json.loads(json.dumps(d)), metadata={"help": help},
+                     **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+def _choice(choice: Any, default: str, before: str = "", after: str = "", **notes: str) -> Any:
+    """A field holding one of `choice`'s options (a `grpokit.config.choices` Literal): its help lists them,
+    each with its note, between `before` and `after`; validation checks the value against the same type."""
+    listed = " | ".join(f"{o} ({notes[o]})" if o in notes else o for o in typing.get_args(choice))
+    return _f(default, before + listed + after)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = _f("builtin:arith-demo", "local AutoModelForCausalLM folder, an alias "
+                           "(smollm2-135m-instruct), or builtin:arith-demo / builtin:tiny-random")
+    gguf_file: str | None = _f(None, "GGUF file name inside name_or_path (needs the [gguf] extra)")
+    dtype: Dtype = _choice(Dtype, "float32", after=": the stored weights (16-bit: compute in it too)")
+    precision: Precision = _choice(Precision, "auto", after=": compute precision of float32 "
+                              "weights; bf16 keeps fp32 master weights and optimizer state, runs the "
+                              "matmuls in bfloat16 and the log-softmax/loss in fp32; auto picks bf16 where "
+                              "the device has native bf16 matmul and the model is large enough "
+                              "(grpokit.model.precision)")
+    device: str = _f("auto", "auto (cuda if available, else cpu) | cpu | cuda | cuda:N")
+    gradient_checkpointing: bool = _f(False, "recompute activations in backward (less memory)")
+    lora_r: int = _f(0, "LoRA rank; 0 trains all weights (LoRA needs the [peft] extra)")
+    lora_alpha: int = _f(16, "LoRA scaling alpha")
+    lora_dropout: float = _f(0.0, "LoRA dropout")
+    lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "modules LoRA wraps")
+
+
+@dataclass
+class TaskConfig:
+    name: TaskName = _choice(TaskName, "arithmetic", hf="a datasets-readable jsonl / parquet "
+                             "file or save_to_disk folder, TRL's format: a prompt column, other columns to "
+                             "the rewards")
+    path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl / hf")
+    train_split: str = _f("train", "split the policy trains on")
+    eval_split: str = _f("test", "held-out split for evaluation")
+    prompt_column: str = _f("prompt", "jsonl task: column holding the question")
+    answer_column: str = _f("answer", "jsonl task: column holding the reference answer")
+    digits: int = _f(2, "arithmetic: digits per operand")
+    terms: int = _f(2, "arithmetic: operands per problem")
+    operators: str = _f("+-", "arithmetic: operators drawn from (subset of +-*)")
+    num_train: int = _f(15000, "arithmetic: training problems generated")
+    num_eval: int = _f(500, "arithmetic: held-out problems (disjoint from train)")
+    seed: int = _f(1234, "arithmetic: generator seed")
+    chat_template: bool = _f(False, "render prompts with the tokenizer's chat template")
+    chat_template_kwargs: dict = _f({}, "extra keywords for apply_chat_template "
+                                        "(e.g. {enable_thinking: false})")
+    system_prompt: str | None = _f(None, "system message when chat_template is on")
+    format: AnswerFormat = _choice(AnswerFormat, "boxed", boxed="final answer in \\boxed{}",
+                                   r1="<think>...</think> then the answer")
+    instruction: bool = _f(False, "append an instruction to put the final answer in \\boxed{}")
+    few_shot: int = _f(0, "solved train examples prepended to each prompt")
+
+
+@dataclass
+class RolloutConfig:
+    num_generations: int = _f(8, "G: completions sampled per prompt")
+    prompts_per_step: int = _f(4, "B: prompts per optimizer step (generation batch = B * G)")
+    max_prompt_length: int = _f(512, "longest prompt in tokens")
+    truncate_prompt: TruncatePrompt = _choice(TruncatePrompt, "left",
+                                              left="drop the oldest tokens, with a warning")
+    max_completion_length: int = _f(256, "T: longest completion in tokens")
+    temperature: float = _f(1.0, "sampling temperature (> 0)")
+    top_p: float = _f(1.0, "nucleus sampling mass in (0, 1]")
+    top_k: int = _f(0, "keep the k most likely tokens; 0 keeps all")
+    backend: Backend = _choice(Backend, "auto", fast="grpokit's KV-cache sampler", generate="model.generate")
+    generation_batch_size: int = _f(0, "completions decoded at once; 0 = the whole batch")
+    reuse_activations: bool | str = _f("auto", "the first update's forward takes the projection outputs the "
+                                       "fast sampler computed (grpokit.fast.reuse; one process): auto "
+                                       "(models of >= 5M parameters, whole batch per micro-batch) | true | "
+                                       "false")
+    dynamic_sampling: bool = _f(False, "DAPO: drop groups whose rewards are all equal, resample")
+    max_resample_rounds: int = _f(3, "bound on extra generation rounds for dynamic sampling")
+    vllm_mode: VLLMMode = _choice(VLLMMode, "colocate", before="backend=vllm: ",
+                                  colocate="an LLM engine in each training process, slept during the update",
+                                  server="a `grpokit vllm-serve` process, weights pushed each step")
+    vllm_gpu_memory_utilization: float = _f(0.3, "backend=vllm colocate: share of GPU memory vLLM may take")
+    vllm_server_base_url: str = _f("http://127.0.0.1:8000",
+                                   "backend=vllm server: where `grpokit vllm-serve` listens")
+    vllm_kv_cache_gib: float = _f(0.0, "backend=vllm colocate: KV-cache budget in GiB; 0 = from "
+                                  "vllm_gpu_memory_utilization on GPU, 1 GiB on CPU (vLLM's own CPU default "
+                                  "takes most of the RAM)")
+    vllm_cpu_threads: int = _f(0, "backend=vllm colocate on CPU: torch threads of the training process, "
+                               "which the engine shares (set before it starts; vLLM then forbids changes); "
+                               "0 = as is")
+    vllm_enforce_eager: bool | str = _f("auto", "backend=vllm colocate: no torch.compile / CUDA graphs: auto "
+                                        "(eager on CPU, where compiling costs ~2 min at start; compiled on "
+                                        "GPU) | true | false")
+
+
+@dataclass
+class RewardConfig:
+    funcs: dict = _f({"rule": 1.0}, "reward name, 'module:function' or 'rm:PATH' (a learned reward model) "
+                     "-> weight")
+    reward_errors: RewardErrors = _choice(RewardErrors, "raise", **{"raise": "stop, naming the function",
+                                                                    "skip": "score None, count it"})
+    overlong_buffer: int = _f(0, "DAPO soft overlong punishment: penalty ramps over the last N tokens")
+    overlong_penalty: float = _f(1.0, "penalty at the length limit for the overlong shaping")
+    step_correct_reward: float = _f(1.0, "steps (process) reward: an arithmetic step that checks out")
+    step_wrong_reward: float = _f(-1.0, "steps (process) reward: a wrong arithmetic step")
+
+
+@dataclass
+class LossConfig:
+    loss_type: LossType = _choice(LossType, "grpo", grpo="eq. 3")
+    beta: float = _f(0.04, "KL coefficient; 0 loads no reference model")
+    epsilon: float = _f(0.2, "clip range low: ratio >= 1 - epsilon")
+    epsilon_high: float | None = _f(None, "clip range high (DAPO clip-higher); None = epsilon")
+    delta: float | None = _f(None, "optional upper bound on the ratio for negative advantages")
+    importance_sampling_level: ImportanceSamplingLevel = _choice(ImportanceSamplingLevel, "token",
+                                                                 token="eq. 3", sequence="GSPO")
+    scale_rewards: ScaleRewards = _choice(ScaleRewards, "group", none="Dr. GRPO: centre only")
+    num_iterations: int = _f(1, "mu: policy updates per generation batch")
+    kl_in_reward: bool = _f(False, "subtract beta * KL from the reward instead of the loss")
+    use_bias_correction_kl: bool = _f(False, "weight the per-token KL by the importance ratio (gradient "
+                                      "through it): the unbiased reverse-KL gradient (TRL's default, "
+                                      "DeepSeek-V3.2); False = the paper's k3")
+    mask_truncated_completions: bool = _f(False, "completions without EOS contribute no loss")
+    ref_model_sync_steps: int = _f(0, "every N steps: ref <- a * policy + (1 - a) * ref; 0 = never")
+    ref_model_mixup_alpha: float = _f(1.0, "a in the reference reset (1.0 = the paper's reset)")
+    tis_level: TISLevel = _choice(TISLevel, "token", before="backend=vllm: truncated importance sampling "
+                                  "of the sampler/trainer mismatch, per ", none="loss.truncated_is_weights")
+    tis_cap: float = _f(2.0, "backend=vllm: cap C on the importance weight min(pi_old / pi_sampler, C)")
+    algorithm: Algorithm = _choice(Algorithm, "grpo", grpo="group baseline, no critic",
+                                   ppo="value-model baseline, for comparison")
+    gamma: float = _f(1.0, "ppo: GAE discount gamma")
+    lam: float = _f(0.95, "ppo: GAE lambda (gamma = lam = 1 gives A_t = R - V_t)")
+    vf_coef: float = _f(0.1, "ppo: value-loss coefficient")
+    cliprange_value: float = _f(0.2, "ppo: value predictions clipped to old value +- this")
+
+
+@dataclass
+class OptimConfig:
+    learning_rate: float = _f(1e-6, "AdamW learning rate (paper: 1e-6 for pretrained models)")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.99, "AdamW beta2")
+    max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 disables")
+    lr_scheduler_type: LRScheduler = _choice(LRScheduler, "constant", linear="decay to 0 at max_steps")
+    warmup_steps: int = _f(0, "linear warm-up steps")
+    micro_batch_size: int = _f(0, "completions per forward/backward; 0 = the whole batch")
+    optim: Optimizer = _choice(Optimizer, "adamw", adamw_8bit="bitsandbytes")
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = _f("runs/grpo", "where metrics, checkpoints and the final model go")
+    max_steps: int = _f(100, "optimizer steps")
+    seed: int = _f(0, "seed for data order, sampling and init")
+    logging_steps: int = _f(1, "console log every N steps (metrics.jsonl gets every step)")
+    eval_steps: int = _f(0, "evaluate on the held-out split every N steps; 0 = start and end only")
+    eval_limit: int = _f(0, "held-out problems per evaluation; 0 = none, -1 = all")
+    save_steps: int = _f(0, "checkpoint every N steps; 0 = only the final model")
+    save_total_limit: int = _f(2, "checkpoints kept")
+    resume: bool | str = _f(False, "true: continue from the newest complete checkpoint in output_dir "
+                            "(error if none) | auto: continue if there is one, else start fresh | false")
+    overwrite: bool = _f(False, "allow an output_dir that holds another run")
+    report_to: list = _f([], "extra loggers: tensorboard, wandb, mlflow, trackio")
+    log_completions_steps: int = _f(0, "write sample completions every N steps; 0 = never")
+    track_prompts: bool = _f(False, "per-prompt reward history")
+    max_bad_steps: int = _f(3, "stop after this many non-finite updates in a row")
+    progress: bool = _f(True, "show a progress bar")
+    fsdp: bool = _f(False, "with several ranks (torchrun): shard weights, gradients and optimizer state "
+                    "with PyTorch FSDP2 instead of replicating them (DDP)")
+    iterations: int = _f(0, "Algorithm 1: I outer iterations, each: reference <- policy, M policy steps, "
+                         "then continual training of the rm: reward on the iteration's samples; 0 = off")
+    steps_per_iteration: int = _f(0, "Algorithm 1: M policy steps per iteration (run.max_steps = I * M)")
+
+
+@dataclass
+class RMConfig:
+    """Learned reward models (`rm:PATH` in reward.funcs) and their continual training (Algorithm 1)."""
+
+    batch_size: int = _f(32, "texts per reward-model forward pass")
+    device: str = _f("auto", "where the reward model runs: auto (the policy's device) | cpu | cuda | cuda:N")
+    precision: RMPrecision = _choice(RMPrecision, "fp32", before="reward-model compute: ")
+    transform: RMTransform = _choice(RMTransform, "none", before="score squash: ",
+                                     none="the raw logit, as TRL", sigmoid="a probability in (0, 1)")
+    step_separator: str = _f("\n", "process RM: the text between separators is one step (e.g. a newline, "
+                             "'. ' or a step tag)")
+    max_length: int = _f(0, "longest reward-model input in tokens (prompt + completion); 0 = the model's "
+                         "max_position_embeddings; a longer input is an error")
+    continual_training: bool = _f(True, "Algorithm 1: train the RM after each iteration; false = a frozen RM "
+                                  "(the comparison), the reference still reset each iteration")
+    replay_share: float = _f(0.1, "Algorithm 1: share of historical samples in each continual-training mix")
+    learning_rate: float = _f(1e-4, "Algorithm 1: reward-model AdamW learning rate")
+    epochs: int = _f(1, "Algorithm 1: passes over each iteration's training mix")
+    train_batch_size: int = _f(32, "Algorithm 1: samples per reward-model optimizer step")
+    objective: RMObjective = _choice(RMObjective, "pointwise",
+                                     pointwise="binary cross-entropy on verifier labels",
+                                     pairwise="Bradley-Terry on right/wrong pairs of one prompt")
+    step_labels: StepLabels = _choice(StepLabels, "verifier", before="process RM labels: ",
+                                      verifier="the arithmetic step checker; the final step by the answer",
+                                      mc="Math-Shepherd: a step is good if a rollout from it is right")
+    mc_rollouts: int = _f(4, "step_labels=mc: completions sampled from each step prefix")

@@ -1,0 +1,227 @@
+"""Range and consistency checks of a GRPOConfig, one function per concern.
+
+Every failure raises `ConfigError` with one line naming the field and what to change; the config
+calls `validate` when it is built, so a bad value never reaches training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from typing import TYPE_CHECKING, Literal
+
+from grpokit.errors import ConfigError, suggest
+
+if TYPE_CHECKING:
+    from grpokit.config.schema import GRPOConfig
+
+
+def choices(cfg: GRPOConfig) -> dict[str, tuple[str, ...]]:
+    """{'section.field': its options} for every field typed with a `grpokit.config.choices` Literal."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        section = getattr(cfg, f.name)
+        if not dataclasses.is_dataclass(section):
+            continue
+        for name, tp in typing.get_type_hints(type(section)).items():
+            if typing.get_origin(tp) is Literal:
+                out[f"{f.name}.{name}"] = typing.get_args(tp)
+    return out
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+def _check_choices(cfg: GRPOConfig) -> None:
+    for key, options in choices(cfg).items():
+        section, name = key.split(".", 1)
+        value = getattr(getattr(cfg, section), name)
+        _check(value in options, f"{key} must be one of {', '.join(options)}, got {value!r}"
+               f"{suggest(str(value), options)}")
+
+
+def _check_precision(cfg: GRPOConfig) -> None:
+    m = cfg.model
+    # 16-bit weights compute in their dtype
+    wants = {"fp32": "float32", "bf16": "bfloat16"}.get(m.precision)
+    _check(m.dtype == "float32" or wants in (None, m.dtype),
+           f"model.precision={m.precision} contradicts model.dtype={m.dtype} (16-bit weights compute in "
+           "their own dtype): set model.dtype=float32 for fp32 master weights, or model.precision=auto")
+
+
+def _check_rollout(cfg: GRPOConfig) -> None:
+    r = cfg.rollout
+    _check(r.num_generations >= 2, f"rollout.num_generations must be >= 2 (GRPO compares completions "
+           f"within a group), got {r.num_generations}")
+    _check(r.prompts_per_step >= 1, f"rollout.prompts_per_step must be >= 1, got {r.prompts_per_step}")
+    _check(r.max_prompt_length > 0, f"rollout.max_prompt_length must be > 0, got {r.max_prompt_length}")
+    _check(r.max_completion_length > 0,
+           f"rollout.max_completion_length must be > 0, got {r.max_completion_length}")
+    _check(r.temperature > 0, f"rollout.temperature must be > 0, got {r.temperature}")
+    _check(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
+    _check(r.top_k >= 0, f"rollout.top_k must be >= 0 (0 keeps all tokens), got {r.top_k}")
+    _check(r.max_resample_rounds >= 0,
+           f"rollout.max_resample_rounds must be >= 0, got {r.max_resample_rounds}")
+    _check(0 < r.vllm_gpu_memory_utilization <= 1,
+           f"rollout.vllm_gpu_memory_utilization must be in (0, 1], got {r.vllm_gpu_memory_utilization}")
+    _check(cfg.loss.tis_cap >= 1,
+           f"loss.tis_cap must be >= 1 (weights above it are truncated), got {cfg.loss.tis_cap}")
+    _check(r.reuse_activations in (False, True, "auto"),
+           f"rollout.reuse_activations must be true, false or auto, got {r.reuse_activations!r}")
+    for name, value in (("generation_batch_size", r.generation_batch_size),):
+        _check(value >= 0, f"rollout.{name} must be >= 0 (0 = whole batch), got {value}")
+        _check(value == 0 or value % r.num_generations == 0,
+               f"rollout.{name} ({value}) must be a multiple of num_generations ({r.num_generations})")
+
+
+def _check_vllm(cfg: GRPOConfig) -> None:
+    """rollout.backend=vllm: what grpokit.rollout.vllm_engine cannot drive, refused before any engine
+    starts."""
+    r = cfg.rollout
+    _check(r.vllm_kv_cache_gib >= 0, f"rollout.vllm_kv_cache_gib must be >= 0 (0 = vLLM's sizing), got "
+           f"{r.vllm_kv_cache_gib}")
+    _check(r.vllm_cpu_threads >= 0,
+           f"rollout.vllm_cpu_threads must be >= 0 (0 = as is), got {r.vllm_cpu_threads}")
+    _check(r.vllm_enforce_eager in (False, True, "auto"),
+           f"rollout.vllm_enforce_eager must be true, false or auto, got {r.vllm_enforce_eager!r}")
+    if r.backend != "vllm":
+        return
+    _check(r.reuse_activations is not True, "rollout.reuse_activations=true needs grpokit's own sampler, "
+           "but rollout.backend=vllm samples elsewhere: set rollout.reuse_activations=auto or false")
+    _check(r.vllm_server_base_url.startswith(("http://", "https://")),
+           f"rollout.vllm_server_base_url must start with http://, got {r.vllm_server_base_url!r}")
+    if r.vllm_mode == "server":
+        for key, value, flag in (("vllm_kv_cache_gib", r.vllm_kv_cache_gib, "--kv-cache-gib"),
+                                 ("vllm_cpu_threads", r.vllm_cpu_threads, "--threads")):
+            _check(not value, f"rollout.{key} sizes a colocated engine; with rollout.vllm_mode=server "
+                   f"pass it to the server (grpokit vllm-serve {flag}) and drop rollout.{key}")
+    _check(cfg.model.dtype != "float16" or r.vllm_mode == "server" or not cfg.model.device.startswith("cpu"),
+           "rollout.backend=vllm on CPU has no float16 kernels: set model.dtype=float32 or bfloat16")
+
+
+def _check_loss(cfg: GRPOConfig) -> None:
+    lo = cfg.loss
+    _check(0 < lo.epsilon < 1, f"loss.epsilon must be in (0, 1), got {lo.epsilon}")
+    _check(lo.epsilon_high is None or lo.epsilon_high > 0,
+           f"loss.epsilon_high must be > 0, got {lo.epsilon_high}")
+    _check(lo.epsilon_high is None or lo.epsilon_high >= lo.epsilon,
+           f"loss.epsilon_high ({lo.epsilon_high}) must be >= loss.epsilon ({lo.epsilon})")
+    _check(lo.delta is None or lo.delta > 1 + cfg.epsilon_high,
+           f"loss.delta must be > 1 + epsilon_high ({1 + cfg.epsilon_high}), got {lo.delta}")
+    _check(lo.beta >= 0, f"loss.beta must be >= 0 (0 disables the KL penalty), got {lo.beta}")
+    _check(lo.num_iterations >= 1, f"loss.num_iterations (mu) must be >= 1, got {lo.num_iterations}")
+    _check(lo.ref_model_sync_steps >= 0,
+           f"loss.ref_model_sync_steps must be >= 0, got {lo.ref_model_sync_steps}")
+    _check(0 < lo.ref_model_mixup_alpha <= 1,
+           f"loss.ref_model_mixup_alpha must be in (0, 1], got {lo.ref_model_mixup_alpha}")
+    _check(not (lo.kl_in_reward and lo.beta == 0), "loss.kl_in_reward needs loss.beta > 0")
+    _check(0 <= lo.gamma <= 1 and 0 <= lo.lam <= 1, f"loss.gamma and loss.lam must be in [0, 1], got "
+           f"{lo.gamma} and {lo.lam}")
+    _check(lo.vf_coef > 0, f"loss.vf_coef must be > 0, got {lo.vf_coef}")
+    _check(lo.cliprange_value > 0, f"loss.cliprange_value must be > 0, got {lo.cliprange_value}")
+    _check(lo.algorithm != "ppo" or not cfg.model.lora_r,
+           "loss.algorithm=ppo is a full fine-tuning baseline: set model.lora_r=0 or loss.algorithm=grpo")
+    _check(lo.algorithm != "ppo" or not cfg.run.resume,
+           "loss.algorithm=ppo does not checkpoint its value model: drop run.resume or use "
+           "loss.algorithm=grpo")
+
+
+def _check_optim_and_run(cfg: GRPOConfig) -> None:
+    o, run = cfg.optim, cfg.run
+    _check(o.learning_rate > 0, f"optim.learning_rate must be > 0, got {o.learning_rate}")
+    _check(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
+    _check(0 <= o.adam_beta1 < 1 and 0 <= o.adam_beta2 < 1, "optim.adam_beta1/adam_beta2 must be in [0, 1)")
+    _check(o.max_grad_norm >= 0, f"optim.max_grad_norm must be >= 0 (0 disables), got {o.max_grad_norm}")
+    _check(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
+    _check(o.micro_batch_size >= 0, f"optim.micro_batch_size must be >= 0, got {o.micro_batch_size}")
+    _check(o.micro_batch_size == 0 or cfg.batch_size % o.micro_batch_size == 0,
+           f"optim.micro_batch_size ({o.micro_batch_size}) must divide the generation batch "
+           f"prompts_per_step * num_generations = {cfg.batch_size}")
+    _check(bool(run.output_dir.strip()), "run.output_dir is empty: give a folder for the run, e.g. "
+           "run.output_dir=runs/my-run")
+    _check(run.max_steps >= 1, f"run.max_steps must be >= 1, got {run.max_steps}")
+    for name in ("logging_steps",):
+        _check(getattr(run, name) >= 1, f"run.{name} must be >= 1, got {getattr(run, name)}")
+    for name in ("eval_steps", "save_steps", "log_completions_steps", "save_total_limit"):
+        _check(getattr(run, name) >= 0, f"run.{name} must be >= 0, got {getattr(run, name)}")
+    _check(run.eval_limit >= -1, f"run.eval_limit must be >= -1 (-1 = all), got {run.eval_limit}")
+    _check(run.resume in (False, True, "auto"), f"run.resume must be true, false or auto, got {run.resume!r}")
+    _check(not (run.resume and run.overwrite),
+           "run.resume and run.overwrite conflict: --resume continues the "
+           "run in output_dir, --overwrite deletes it; pass only one")
+    _check(run.max_bad_steps >= 1, f"run.max_bad_steps must be >= 1, got {run.max_bad_steps}")
+
+
+def _check_reward_model_task(cfg: GRPOConfig) -> None:
+    r, lo = cfg.rollout, cfg.loss
+    _check(bool(cfg.reward.funcs), "reward.funcs is empty: name at least one reward, e.g. {rule: 1.0}")
+    for name, weight in cfg.reward.funcs.items():
+        _check(isinstance(weight, (int, float)) and not isinstance(weight, bool),
+               f"reward.funcs.{name} weight must be a number, got {weight!r}")
+    _check(cfg.reward.overlong_buffer >= 0,
+           f"reward.overlong_buffer must be >= 0, got {cfg.reward.overlong_buffer}")
+    _check(cfg.reward.overlong_buffer < r.max_completion_length,
+           f"reward.overlong_buffer ({cfg.reward.overlong_buffer}) must be < rollout.max_completion_length "
+           f"({r.max_completion_length})")
+    _check(cfg.reward.step_correct_reward > cfg.reward.step_wrong_reward,
+           f"reward.step_correct_reward ({cfg.reward.step_correct_reward}) must be > "
+           f"reward.step_wrong_reward ({cfg.reward.step_wrong_reward}): a right step must earn more "
+           "than a wrong one")
+    device = cfg.model.device
+    _check(_DEVICE.fullmatch(device) is not None, f"model.device must be auto, cpu, cuda, cuda:N or mps, "
+           f"got {device!r}{suggest(device, ('auto', 'cpu', 'cuda', 'mps'))}")
+    _check(bool(cfg.model.lora_target_modules) or not cfg.model.lora_r,
+           "model.lora_target_modules is empty: name the modules LoRA wraps, e.g. "
+           "q_proj,k_proj,v_proj,o_proj")
+    _check(cfg.model.lora_r >= 0, f"model.lora_r must be >= 0 (0 = full fine-tuning), got {cfg.model.lora_r}")
+    _check(not (cfg.model.lora_r and lo.ref_model_sync_steps),
+           "loss.ref_model_sync_steps needs full fine-tuning: with model.lora_r > 0 the reference is "
+           "the base model itself; set loss.ref_model_sync_steps=0")
+    t = cfg.task
+    _check(t.name == "arithmetic" or t.path is not None or t.name in ("gsm8k", "math500"),
+           f"task.path is required for task.name={t.name}: give the jsonl file")
+    _check(t.digits >= 1 and t.terms >= 2, "task.digits must be >= 1 and task.terms >= 2")
+    _check(bool(t.operators) and set(t.operators) <= set("+-*"),
+           f"task.operators must be a non-empty subset of '+-*', got {t.operators!r}")
+    _check(t.few_shot >= 0, f"task.few_shot must be >= 0, got {t.few_shot}")
+    _check(t.num_train >= 1 and t.num_eval >= 0, "task.num_train must be >= 1 and task.num_eval >= 0")
+
+
+def _check_reward_models(cfg: GRPOConfig) -> None:
+    rm, run = cfg.rm, cfg.run
+    _check(_DEVICE.fullmatch(rm.device) is not None and rm.device != "mps",
+           f"rm.device must be auto, cpu, cuda or cuda:N, got {rm.device!r}")
+    for name in ("batch_size", "epochs", "train_batch_size", "mc_rollouts"):
+        _check(getattr(rm, name) >= 1, f"rm.{name} must be >= 1, got {getattr(rm, name)}")
+    _check(rm.max_length >= 0, f"rm.max_length must be >= 0 (0 = the model's limit), got {rm.max_length}")
+    _check(bool(rm.step_separator), "rm.step_separator is empty: give the text that ends a step, e.g. '\\n'")
+    _check(0.0 <= rm.replay_share < 1.0, f"rm.replay_share must be in [0, 1), got {rm.replay_share}")
+    _check(rm.learning_rate > 0, f"rm.learning_rate must be > 0, got {rm.learning_rate}")
+    _check(run.iterations >= 0 and run.steps_per_iteration >= 0,
+           "run.iterations and run.steps_per_iteration must be >= 0")
+    if not run.iterations:
+        return
+    learned = [n for n in cfg.reward.funcs if str(n).startswith("rm:")]
+    _check(len(learned) == 1,
+           f"run.iterations={run.iterations} trains one learned reward model: reward.funcs "
+           f"needs exactly one 'rm:PATH' entry, has {len(learned)}")
+    _check(run.steps_per_iteration >= 1, "run.iterations > 0 needs run.steps_per_iteration >= 1 (M)")
+    _check(run.max_steps == run.iterations * run.steps_per_iteration,
+           f"run.max_steps ({run.max_steps}) must equal run.iterations * run.steps_per_iteration "
+           f"({run.iterations * run.steps_per_iteration}): "
+           f"set run.max_steps={run.iterations * run.steps_per_iteration}")
+    _check(not cfg.model.lora_r, "run.iterations resets the reference to the policy: it needs full "
+           "fine-tuning (model.lora_r=0)")
+
+
+def validate(cfg: GRPOConfig) -> None:
+    """Every check; each failure is one line naming the field and the fix."""
+    for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_loss,
+                  _check_optim_and_run, _check_reward_model_task, _check_reward_models):
+        check(cfg)

@@ -1,0 +1,110 @@
+"""[C] Group-relative advantages: each completion is compared with its own group, no critic.
+
+Outcome supervision (DeepSeekMath eq. 3 context):
+    A_i = (r_i - mean(r_group)) / std(r_group)        scale_rewards = "group" (the paper)
+    A_i = (r_i - mean(r_group)) / std(r_batch)        scale_rewards = "batch"
+    A_i =  r_i - mean(r_group)                        scale_rewards = "none"  (Dr. GRPO)
+std is Bessel-corrected (torch's default). A group whose std < eps gets advantage exactly 0: all its
+answers are equally good, so it carries no learning signal.
+
+Rewards that are NaN mark completions excluded from scoring (a reward function returned None for
+every function, or raised under reward_errors=skip): they are left out of their group's mean and std
+and get advantage 0.
+
+Process supervision (DeepSeekMath section 4.1.3): see `process_advantages`.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Sequence
+
+import torch
+
+from grpokit.config.choices import ScaleRewards
+
+SCALE_MODES = typing.get_args(ScaleRewards)  # declared once in grpokit.config.choices
+
+
+def _masked_group_stats(values: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and Bessel std per row of [num_groups, G] over the valid entries (std 0 if < 2 valid)."""
+    n = valid.sum(-1)                                                     # [num_groups]
+    v = torch.where(valid, values, torch.zeros_like(values))
+    mean = v.sum(-1) / n.clamp(min=1)                                     # [num_groups]
+    sq = torch.where(valid, (values - mean[:, None]) ** 2, torch.zeros_like(values)).sum(-1)
+    std = torch.where(n > 1, (sq / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(mean))
+    return mean, std
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-8,
+                     scale_rewards: str = "group") -> torch.Tensor:
+    """Group-normalized advantages.
+
+    Args:
+        rewards: [B*G] scalar reward per completion, the G completions of a prompt contiguous. NaN
+            marks an excluded completion.
+        group_size: G.
+        eps: groups (or, for "batch", the batch) with std below eps get advantage 0.
+        scale_rewards: "group" | "batch" | "none" (see the module docstring for the formulas).
+
+    Returns:
+        [B*G] advantages, 0 for excluded completions and for groups with std < eps.
+    """
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, "
+                         f"got shape {tuple(rewards.shape)}")
+    if scale_rewards not in SCALE_MODES:
+        raise ValueError(f"scale_rewards must be one of {SCALE_MODES}, got {scale_rewards!r}")
+    r = rewards.float().view(-1, group_size)                              # [B, G]
+    valid = ~torch.isnan(r)
+    mean, std = _masked_group_stats(r, valid)                             # [B], [B]
+    centred = r - mean[:, None]                                           # [B, G]
+    group_std = std[:, None].expand_as(r)                                 # [B, G]
+    if scale_rewards == "group":
+        adv = centred / (group_std + eps)
+    elif scale_rewards == "batch":
+        _, batch_std = _masked_group_stats(r.reshape(1, -1), valid.reshape(1, -1))
+        adv = centred / (batch_std + eps)
+    else:
+        adv = centred
+    # A group of equal rewards has no signal: exact zeros, not eps-sized noise.
+    adv = torch.where(valid & (group_std >= eps), adv, torch.zeros_like(adv))
+    return adv.reshape(-1)
+
+
+def process_advantages(step_rewards: Sequence[Sequence[tuple[int, float]]], group_size: int,
+                       completion_length: int, eps: float = 1e-8) -> torch.Tensor:
+    """Process-supervision advantages (DeepSeekMath section 4.1.3).
+
+    Completion i has steps j ending at token index(j) with reward r_i^j. Every step reward of a group
+    is normalized by the mean and std of all step rewards in that group:
+        r~_i^j = (r_i^j - mean(R_group)) / std(R_group)
+    and each token's advantage is the sum of the normalized rewards of the steps ending at or after it:
+        A_{i,t} = sum_{index(j) >= t} r~_i^j
+
+    Args:
+        step_rewards: per completion (B*G of them), a list of (end_token_index, reward) pairs.
+        group_size: G.
+        completion_length: T, the width of the returned tensor.
+        eps: a group whose step-reward std is below eps gets advantages 0.
+
+    Returns:
+        [B*G, T] per-token advantages.
+    """
+    n = len(step_rewards)
+    if n % group_size:
+        raise ValueError(f"got {n} completions, not a multiple of group_size={group_size}")
+    adv = torch.zeros(n, completion_length)
+    for g0 in range(0, n, group_size):
+        rows = range(g0, g0 + group_size)
+        values = torch.tensor([float(r) for i in rows for _, r in step_rewards[i]])
+        if values.numel() < 2:
+            continue
+        mean, std = values.mean(), values.std()
+        if std < eps:
+            continue
+        for i in rows:
+            for end, r in step_rewards[i]:
+                end = min(int(end), completion_length - 1)
+                adv[i, : end + 1] += (float(r) - mean) / std
+    return adv

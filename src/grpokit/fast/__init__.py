@@ -1,0 +1,207 @@
+"""The one switch for grpokit's optional CPU speed-ups: `with fast.accelerated(model, cfg):`.
+
+Every speed-up sits beside the readable path, never inside it. Outside this context the training step
+is plain PyTorch: `per_token_logprobs` as logprobs.py writes it, the sampler's PyTorch decoder, no
+activation record. Inside it, where they apply (float32 on the CPU, the C kernels built):
+
+    speed-up                                  where                       why
+    attention forward/backward in C           attention.kernel_attention  skips the masked half of attention
+    SiLU x up and RMSNorm in one pass         fused_ops.fused_ops         one memory pass, not 5-10 ops
+    grouped K/V with a mask in SDPA           TRANSFORMERS_SDPA_FORCE_GQA no repeat_kv copies for backward
+    fused decode steps, the token draw        native, sampler             per-op overhead of decoding
+    the whole decode step in one C call       whole_step                  the Python loop over layers
+    the update reuses the sampled projections reuse                       the sampler computed them
+    glibc keeps freed memory                  native.keep_freed_memory    no page faults each pass
+
+Each is restored on exit (keep_freed_memory is process-wide and set once). The results equal the plain
+path to float32 rounding (tests/fast/test_fast_step.py runs a whole train_step both ways).
+
+The activation record (grpokit.fast.reuse) lives in the scope, not in the `Rollout`: the sampler starts one
+when the scope asks for it (`recording_policy`, decided once at entry), hands it back when decoding
+ends, and `update_plan` decides once per step whether the update reuses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from grpokit.fast import attention, fused_ops, native, reuse, whole_step
+from grpokit.model.logprobs import checkpointing_enabled
+
+reused_logprobs = reuse.reused_logprobs   # the update's forward on a record (update.rows_logprobs)
+
+
+@dataclass
+class Scope:
+    """One `accelerated` context: whether kernels are on, what the sampler records, the record held."""
+
+    on: bool
+    model_id: int = -1
+    recording: bool | Callable = False            # False, True, or lengths [N] -> bool (`recording_policy`)
+    record: reuse.ActivationRecord | None = None  # the sampler's record of this scope's batch
+    started: int = 0                              # records started (a second one: the batch was split)
+    plan: tuple | None = None                     # (rollout, update_plan result): decided once per batch
+
+
+_PLAIN = Scope(on=False)
+_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("grpokit_fast", default=None)
+
+
+def active() -> Scope:
+    """The current scope (a plain one outside any `accelerated` context)."""
+    return _SCOPE.get() or _PLAIN
+
+
+@contextlib.contextmanager
+def accelerated(model: torch.nn.Module, cfg=None, *, ref_model: torch.nn.Module | None = None,
+                world_size: int = 1, enabled: bool = True, record: bool | Callable | None = None,
+                timer=None) -> Iterator[Scope]:
+    """Every optional CPU speed-up on for the passes inside (see the module docstring); restored on exit.
+
+    Args:
+        model: the policy; its fused ops are swapped in, its sampling may be recorded.
+        cfg: the run's GRPOConfig: what to record for reuse (`reuse.recording_policy`); None: no record.
+        ref_model: the frozen reference, whose passes get the fused ops too.
+        world_size: processes training together (a record is only reused with one).
+        enabled: False runs the plain path (as does `plain()`).
+        record: overrides cfg's recording policy (tests, bench): False, True, or lengths -> bool.
+        timer: a `grpokit.observe.metrics.PhaseTimer`; the swaps in and out are timed as its "accelerate"
+            phase.
+
+    A context entered inside another one changes nothing (the outer one decides).
+    """
+    if _SCOPE.get() is not None:
+        yield active()
+        return
+    if not enabled:
+        with plain() as scope:
+            yield scope
+        return
+    timed = (lambda: timer("accelerate")) if timer is not None else contextlib.nullcontext
+    stack = contextlib.ExitStack()
+    with timed():
+        native.keep_freed_memory()
+        policy = record if record is not None else (
+            reuse.recording_policy(cfg, world_size, model) if cfg is not None else False)
+        scope = Scope(on=True, model_id=id(model), recording=policy)
+        stack.enter_context(attention.kernel_attention(model))
+        for m in (model, ref_model):      # not under activation checkpointing: its recompute runs the
+            # class's forward after the swap is gone
+            if m is not None and not checkpointing_enabled(m):
+                stack.enter_context(fused_ops.fused_ops(m))
+        stack.enter_context(_grouped_kv_with_masks(_device(model)))
+        token = _SCOPE.set(scope)
+        stack.callback(_SCOPE.reset, token)
+    try:
+        yield scope
+    finally:
+        with timed():
+            stack.close()
+
+
+@contextlib.contextmanager
+def plain() -> Iterator[Scope]:
+    """The plain PyTorch path for everything inside, even where an `accelerated` context is entered."""
+    token = _SCOPE.set(_PLAIN)
+    try:
+        yield _PLAIN
+    finally:
+        _SCOPE.reset(token)
+
+
+def kernels_for(model) -> native.DecodeKernels | None:
+    """The C kernels for this model inside an `accelerated` context (float32 on the CPU), else None."""
+    return native.kernels_for(model) if active().on else None
+
+
+def whole_step_for(decoder, rows: int) -> whole_step.WholeStep | None:
+    """The lean decoder's whole decode step as one C call where it applies (`WholeStep.plan`), else None."""
+    return whole_step.WholeStep.plan(decoder, rows)
+
+
+def start_record(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                 max_new_tokens: int, dims: dict[str, int], n_layers: int) -> reuse.ActivationRecord | None:
+    """A new `ActivationRecord` for the sampler to fill, when this scope records `model`'s batch; else None.
+    A second sampling call in one scope (a batch decoded in pieces) drops the record: it covers part only."""
+    scope = active()
+    if not scope.on or not scope.recording or id(model) != scope.model_id:
+        return None
+    scope.started += 1
+    if scope.started > 1:
+        scope.record = None
+        return None
+    rec = reuse.ActivationRecord(model, prompt_ids, prompt_mask, group_size, max_new_tokens, dims, n_layers)
+    rec.pays = None if scope.recording is True else scope.recording
+    return rec
+
+
+def hold_record(record: reuse.ActivationRecord) -> None:
+    """The sampler's finished record, kept by the scope until the update takes it (`update_plan`)."""
+    scope = active()
+    if scope.on and scope.started == 1:
+        scope.record = record
+
+
+def held_record() -> reuse.ActivationRecord | None:
+    """The record this scope holds (None: none recorded, dropped, or already taken by the update)."""
+    return active().record
+
+
+def decide_reuse(state, rollout) -> bool:
+    """Decide now (once per batch) whether the update reuses the record; a record that will not be used
+    is freed at once, before the reference and old-policy passes. True when it will be reused."""
+    return _plan(state, rollout)[1] is not None
+
+
+def update_plan(state, rollout) -> tuple[list[torch.Tensor], reuse.ActivationRecord | None, bool]:
+    """(micro-batches, the record to reuse or None, whether that use is its last) for the update of
+    `rollout` (`reuse.update_plan`); the record is handed over once. Outside a scope: the plain plan."""
+    groups, record, last = _plan(state, rollout)
+    scope = active()
+    if scope.on:
+        scope.record = None
+        scope.plan = (rollout, (groups, None, False))   # handed over: a second ask gets the plain plan
+    return groups, record, last
+
+
+def _plan(state, rollout) -> tuple:
+    scope = active()
+    if scope.plan is not None and scope.plan[0] is rollout:
+        return scope.plan[1]
+    plan = reuse.update_plan(state, rollout, scope.record if scope.on else None)
+    if scope.on:
+        scope.plan = (rollout, plan)
+        if plan[1] is None:
+            scope.record = None                          # it would not pay for these lengths: free it now
+    return plan
+
+
+def _device(model) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _grouped_kv_with_masks(device: torch.device) -> Iterator[None]:
+    """On CPU, let transformers' SDPA path pass grouped keys/values (enable_gqa) together with a mask.
+
+    A pass with a mask (the completion pass of `logprobs.shared_prompt_hidden` always has one) makes
+    transformers copy each key/value head to every query head it serves (`repeat_kv`), because CUDA
+    kernels need that with a mask; the copies are saved for backward (2 x [B, heads, P+T, hd] per layer).
+    torch's CPU kernel takes a mask with grouped heads directly, so on CPU TRANSFORMERS_SDPA_FORCE_GQA is
+    set for the duration (and restored after).
+    """
+    if device.type != "cpu" or os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA") is not None:
+        yield
+        return
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]

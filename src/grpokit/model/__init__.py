@@ -1,0 +1,10 @@
+"""The policy and its reference: loading, LoRA, precision, and [D] per-token log-probs (the plain path).
+
+    loading      policies, tokenizers (HF folders, GGUF, aliases, the built-in offline models)
+    reference    pi_ref: a frozen copy, its reset towards the policy
+    lora         LoRA adapters (the [peft] extra)
+    precision    fp32 master weights with bf16 compute where the hardware has native bf16 matmuls
+    logprobs     [D] per_token_logprobs without a [B, T, V] log-softmax; micro-batch planning
+    llama_layer  one Llama-family decoder layer in PyTorch (the lean decoder and the reuse path share it)
+    testing      random-init models and fixed work for tests and benchmarks, built offline
+"""

@@ -1,0 +1,157 @@
+"""LoRA for the policy (optional `[peft]` extra): adapters train, the base weights stay frozen.
+
+With LoRA the reference model costs no memory: pi_ref is the policy's own base weights, reached by
+running the same PeftModel with its adapters disabled (`peft`'s `disable_adapter()` context):
+
+    pi_theta(o | q) = base(W + (alpha / r) * B @ A)        adapters on   (the policy)
+    pi_ref(o | q)   = base(W)                               adapters off  (the reference)
+
+`DisabledAdapterReference` exposes that view with the interface `per_token_logprobs` reads
+(`config`, `get_decoder`, `get_output_embeddings`, a forward) and holds no parameters of its own,
+so a checkpoint stores nothing for it and there is no second copy of the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import difflib
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from grpokit.config.schema import ModelConfig
+from grpokit.model.reference import eval_mode, frozen_reference
+
+log = logging.getLogger("grpokit")
+
+
+class LoRAError(ValueError):
+    """LoRA cannot be set up as configured: the message says what to change."""
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError:
+        raise LoRAError("model.lora_r > 0 needs peft: pip install 'grpokit[peft]', "
+                        "or set model.lora_r=0") from None
+    return peft
+
+
+def is_peft_model(model: Any) -> bool:
+    """Whether `model` is a peft PeftModel (without importing peft when it is not installed)."""
+    return any(cls.__name__ == "PeftModel" for cls in type(model).__mro__)
+
+
+def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), total
+
+
+def wrap_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
+    """Wrap a causal LM with LoRA adapters on `cfg.lora_target_modules`; only the adapters train.
+
+    Args:
+        model: a transformers causal LM.
+        cfg: model section (lora_r, lora_alpha, lora_dropout, lora_target_modules).
+
+    Returns:
+        A peft PeftModel (train mode) whose trainable parameters are the LoRA A and B matrices.
+    """
+    peft = _peft()
+    check_targets(model, cfg.lora_target_modules)
+    head = model.get_output_embeddings()
+    head_names = {n for n, m in model.named_modules() if m is head}
+    clash = [t for t in cfg.lora_target_modules if any(n == t or n.endswith("." + t) for n in head_names)]
+    if clash:  # the chunked lm-head reads head.weight directly and would skip an adapter on it
+        raise LoRAError(f"model.lora_target_modules may not include the lm-head ({', '.join(clash)}): "
+                        "target attention/MLP projections, e.g. q_proj,k_proj,v_proj,o_proj")
+    lora_cfg = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                               target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM",
+                               bias="none")
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.enable_input_require_grads()   # else checkpointed blocks of frozen weights pass no gradient on
+    try:
+        wrapped = peft.get_peft_model(model, lora_cfg)
+    except ValueError as e:
+        raise LoRAError(f"LoRA could not wrap the model: {str(e).splitlines()[0]}; "
+                        "check model.lora_target_modules") from None
+    trainable, total = trainable_parameters(wrapped)
+    log.info("LoRA r=%d: %d trainable of %d parameters (%.3f%%)", cfg.lora_r, trainable, total,
+             100.0 * trainable / max(total, 1))
+    return wrapped
+
+
+def check_targets(model: torch.nn.Module, targets: list) -> None:
+    """Every name in model.lora_target_modules must match a module (its full name, or its last part):
+    peft wraps whatever matches and silently drops a misspelt one, which would then never train."""
+    names = [n for n, _ in model.named_modules() if n]
+    missing = [str(t) for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear)})
+        close = [c for t in missing for c in difflib.get_close_matches(t, linear, n=1, cutoff=0.5)]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise LoRAError(f"model.lora_target_modules: {', '.join(missing)} match no module of the "
+                        f"model{hint}; its linear layers are {', '.join(linear)}: "
+                        "check model.lora_target_modules")
+
+
+class DisabledAdapterReference(torch.nn.Module):
+    """pi_ref for a LoRA policy: the policy's PeftModel run with adapters disabled, in eval mode.
+
+    It registers no parameters or submodules (the PeftModel is held outside the module tree), so
+    `state_dict()` is empty and the reference adds no memory.
+    """
+
+    def __init__(self, peft_model: torch.nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "_policy", peft_model)  # not a submodule: no second copy, nothing saved
+
+    @contextlib.contextmanager
+    def base_model_mode(self) -> Iterator[None]:
+        """Adapters off and eval mode (no dropout) for the duration; the policy's mode is restored."""
+        with eval_mode(self._policy), self._policy.disable_adapter():
+            yield
+
+    @property
+    def config(self):
+        return self._policy.config
+
+    def get_output_embeddings(self):
+        return self._policy.get_output_embeddings()
+
+    def get_decoder(self):
+        decoder = self._policy.get_decoder()
+
+        def run(*args: Any, **kwargs: Any):
+            with self.base_model_mode():
+                return decoder(*args, **kwargs)
+        return run
+
+    def forward(self, *args: Any, **kwargs: Any):
+        with self.base_model_mode():
+            return self._policy(*args, **kwargs)
+
+
+def reference_for(model: torch.nn.Module) -> torch.nn.Module:
+    """The reference model: adapters disabled for a LoRA policy, else a frozen deep copy."""
+    if is_peft_model(model):
+        return DisabledAdapterReference(model)
+    return frozen_reference(model)
+
+
+def save_lora(model: torch.nn.Module, out: Path) -> Path:
+    """Save the adapter into `out` (peft format) and a merged plain model into `out/merged`.
+
+    The merge runs on a copy (W <- W + (alpha / r) * B @ A), so the live policy keeps its adapters.
+    Returns the merged folder, which plain `AutoModelForCausalLM.from_pretrained` loads.
+    """
+    model.save_pretrained(out)
+    merged = copy.deepcopy(model).merge_and_unload()
+    merged.save_pretrained(out / "merged")
+    return out / "merged"

@@ -1,0 +1,9 @@
+"""What a run shows: metrics, trackers, completions, plots, the HTML report, the experiments' figures.
+
+    metrics           phase timers, per-step statistics, metrics.jsonl
+    loggers           TensorBoard, Weights & Biases, MLflow, Trackio behind one interface
+    tracking          the completions log and the per-prompt history
+    plots, report     `grpokit plot` figures and `grpokit report` page
+    demo, model_card  the demo's before/after table; the model card beside the final model
+    experiments, experiment_plots, sweep_results   sweeps' tables, curves and figures
+"""

@@ -1,0 +1,365 @@
+"""Reward functions and their weighted sum: block [B] of the DeepSeekMath chapter.
+
+A reward function follows TRL's convention, so TRL reward functions work unchanged; it is called by
+keyword, as TRL calls it (``async def`` functions of a batch run concurrently):
+
+    def my_reward(prompts, completions, **kwargs) -> list[float | None]
+
+`completions` holds one string (or one chat message list) per completion; dataset columns arrive
+as keyword lists aligned with it (``answer=[...]``), with ``completion_ids`` and the trainer's
+extras (``max_completion_length``, ...). ``None`` means "no opinion on this completion".
+
+A process reward function (``fn.process = True``) returns, per completion, a list of
+``(end_token_index, reward)`` pairs, one per reasoning step (DeepSeekMath section 4.1.3); those
+go to `RewardBatch.step_rewards`, not into the outcome total.
+
+Built-ins (`REWARDS`): accuracy, format, rule (the chapter's 0 / 0.5 / 1.5 rule), length / overlong
+(DAPO soft overlong punishment) and steps (an exact arithmetic step verifier).
+
+How one function is called over a batch and its output checked (`RewardError`, per-completion
+retry, score checks) lives in `grpokit.rewards.calls`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+import importlib
+import importlib.util
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.rewards.answers import answers_match, extract_answer, extract_boxed
+from grpokit.rewards.calls import (
+    RewardError,
+    _as_text,
+    _call,
+    _one_line,
+    _score,
+    _steps,
+    completions_as_messages,
+    run_async_batches,
+)
+from grpokit.rewards.outcome_rm import load_reward_model
+from grpokit.rewards.steps import check_steps, token_char_ends  # noqa: F401  (part of this module's API)
+
+
+def _need(value: Any, key: str, reward: str, what: str) -> Any:
+    if value is None:
+        raise RewardError(f"reward '{reward}' needs the '{key}' keyword ({what}); pass it to score_responses")
+    return value
+
+
+def _per_completion(value: Any, n: int) -> list:
+    """A keyword that may be one value for the batch or one per completion, as a list of n."""
+    return list(value) if isinstance(value, (list, tuple)) and len(value) == n else [value] * n
+
+
+# ---------------------------------------------------------------------------------------------
+# Outcome rewards
+# ---------------------------------------------------------------------------------------------
+
+def _has_box(text: str) -> bool:
+    boxed = extract_boxed(text)
+    return boxed is not None and bool(boxed.strip())
+
+
+def rule_reward(response: str, ground_truth: str) -> float:
+    """The chapter's rule: 0.5 for a non-empty ``\\boxed{...}``, 1.0 more if the last one is right.
+
+    Numbers compare numerically (tolerance 0.01; commas, ``$`` and spaces ignored); other answers
+    by normalized string, then math-verify. An empty box earns nothing, so ``\\boxed{}`` is not a
+    shortcut to the format half.
+
+    Args:
+        response: the completion text.
+        ground_truth: the reference final answer.
+
+    Returns:
+        0.0, 0.5 or 1.5.
+    """
+    boxed = extract_boxed(response)
+    if boxed is None or not boxed.strip():
+        return 0.0
+    return 1.5 if answers_match(boxed, str(ground_truth), tol=0.01) else 0.5
+
+
+def rule_rewards(prompts: list, completions: list, answer: list | None = None, **kwargs: Any) -> list[float]:
+    """`rule_reward` over a batch (TRL signature; reads the ``answer`` column)."""
+    answers = _need(answer, "answer", "rule", "reference answers, a dataset column")
+    return [rule_reward(_as_text(c), str(a)) for c, a in zip(completions, answers)]
+
+
+def accuracy_reward(prompts: list, completions: list, answer: list | None = None,
+                    **kwargs: Any) -> list[float]:
+    """1.0 when the final answer (last box; else ``#### x`` / ``The answer is x``) is right, else 0.0."""
+    answers = _need(answer, "answer", "accuracy", "reference answers, a dataset column")
+    return [1.0 if answers_match(extract_answer(_as_text(c)) or "", str(a)) else 0.0
+            for c, a in zip(completions, answers)]
+
+
+_R1 = re.compile(r"\s*<think>(?P<think>.*?)</think>(?P<answer>.*)", re.DOTALL)
+
+
+def _r1_format_ok(text: str) -> bool:
+    m = _R1.fullmatch(text)
+    if m is None or "<think>" in m["think"] or "think>" in m["answer"]:
+        return False
+    return bool(m["think"].strip()) and _has_box(m["answer"])
+
+
+def format_reward(prompts: list, completions: list, task_format: str | list = "boxed",
+                  **kwargs: Any) -> list[float]:
+    """1.0 when the completion has the requested shape, else 0.0.
+
+    ``boxed``: a non-empty ``\\boxed{...}``. ``r1``: ``<think>reasoning</think>`` first (one pair,
+    non-empty), then an answer holding a non-empty box. `task_format` is the trainer's
+    ``task.format`` (see `reward_kwargs`).
+    """
+    formats = _per_completion(task_format, len(completions))
+    return [1.0 if (_r1_format_ok(t) if f == "r1" else _has_box(t)) else 0.0
+            for t, f in zip(map(_as_text, completions), formats)]
+
+
+def overlong_reward(prompts: list, completions: list, completion_ids: list | None = None,
+                    max_completion_length: int | None = None, overlong_buffer: int = 0,
+                    overlong_penalty: float = 1.0, **kwargs: Any) -> list[float]:
+    """DAPO soft overlong punishment (eq. 13), scaled by `overlong_penalty`.
+
+    With L_max = max_completion_length and L_cache = overlong_buffer, a completion of length L gets
+    0 when L <= L_max - L_cache, ((L_max - L_cache) - L) / L_cache inside the buffer (down to -1 at
+    L_max) and -1 beyond L_max. Lengths are ``len(completion_ids[i])``.
+    """
+    ids = _need(completion_ids, "completion_ids", "length", "token ids of each completion")
+    l_max = _need(max_completion_length, "max_completion_length", "length", "the rollout's T")
+    start = l_max - overlong_buffer
+    out = []
+    for seq in ids:
+        n = len(seq)
+        if n <= start:
+            out.append(0.0)
+        elif n <= l_max:
+            out.append(-overlong_penalty * (n - start) / overlong_buffer)
+        else:
+            out.append(-float(overlong_penalty))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Process reward: exact arithmetic steps
+# ---------------------------------------------------------------------------------------------
+
+def steps_reward(prompts: list, completions: list, completion_char_ends: list | None = None,
+                 step_correct_reward: float = 1.0, step_wrong_reward: float = -1.0,
+                 **kwargs: Any) -> list[list[tuple[int, float]]]:
+    """Process reward: one (end_token_index, reward) per arithmetic equation the model writes.
+
+    Each equation found by `grpokit.rewards.steps.check_steps` earns `step_correct_reward` when its
+    left side evaluates exactly to its result, else `step_wrong_reward`. The step ends at the
+    token holding the last character of its result, found from ``completion_char_ends[i]`` (see
+    `token_char_ends`). Several steps may end on the same token; each stays a separate step.
+    """
+    char_ends = _need(completion_char_ends, "completion_char_ends", "steps",
+                      "token_char_ends of each completion")
+    out = []
+    for text, ends in zip(map(_as_text, completions), char_ends):
+        pairs = []
+        for step in check_steps(text):
+            if not ends:
+                break
+            token = min(bisect.bisect_left(ends, step.end), len(ends) - 1)
+            pairs.append((token, float(step_correct_reward if step.correct else step_wrong_reward)))
+        out.append(pairs)
+    return out
+
+
+steps_reward.process = True  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------------------------
+
+REWARDS: dict[str, Callable] = {
+    "accuracy": accuracy_reward,
+    "format": format_reward,
+    "rule": rule_rewards,
+    "length": overlong_reward,
+    "overlong": overlong_reward,
+    "steps": steps_reward,
+}
+
+
+def _import_module(spec: str, name: str) -> Any:
+    try:
+        if spec.endswith(".py"):  # a file: 'my_rewards.py:fn'
+            path = Path(spec).expanduser().resolve()
+            if not path.is_file():
+                raise FileNotFoundError(f"no file {path}")
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+            sys.modules.setdefault(path.stem, module)
+            module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+            return module
+        return importlib.import_module(spec)
+    except Exception as e:  # a broken user module should name itself, not crash the CLI
+        raise RewardError(f"reward '{name}': cannot import '{spec}' ({type(e).__name__}: {_one_line(e)}); "
+                          f"check the name and that it is importable (PYTHONPATH)") from None
+
+
+def get_reward_function(name: str, *, rm: Any = None, policy_device: Any = None) -> Callable:
+    """A reward function by built-in name, import path or learned reward model.
+
+    Args:
+        name: a key of `REWARDS`, ``'package.module:function'``, ``'path/to/file.py:function'``,
+            ``'rm:PATH'`` (a reward-model folder: `grpokit.rewards.outcome_rm.load_reward_model`, outcome or
+            process) or a bare folder (the same).
+        rm: the `grpokit.config.schema.RMConfig` a reward model is loaded with (None: its defaults).
+        policy_device: where the policy runs (rm.device=auto puts the reward model there).
+
+    Returns:
+        The callable.
+
+    Raises:
+        RewardError: one line naming what was not found.
+    """
+    if name in REWARDS:
+        return REWARDS[name]
+    if name.startswith("rm:"):  # a learned reward model folder
+        return load_reward_model(name[3:], rm, policy_device=policy_device)
+    if Path(name).expanduser().is_dir():  # a reward model folder without the prefix
+        return load_reward_model(name, rm, policy_device=policy_device)
+    if ":" not in name:
+        close = difflib.get_close_matches(name, list(REWARDS), n=1, cutoff=0.5)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise RewardError(f"unknown reward '{name}'{hint}: use one of {', '.join(REWARDS)} "
+                          f"or an import path 'package.module:function'")
+    spec, _, attr = name.rpartition(":")
+    obj = _import_module(spec, name)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise RewardError(f"reward '{name}': '{spec}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise RewardError(f"reward '{name}': '{attr}' is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def build_reward_funcs(cfg: Any,
+                       policy_device: torch.device | None = None) -> list[tuple[str, Callable, float]]:
+    """(name, function, weight) per reward.funcs entry of a `grpokit.config.schema.GRPOConfig`; an
+    'rm:PATH' reward model is loaded with cfg.rm, on the policy's device when rm.device=auto."""
+    funcs = [(name, get_reward_function(name, rm=cfg.rm, policy_device=policy_device), float(w))
+             for name, w in cfg.reward.funcs.items()]
+    if cfg.reward.overlong_buffer > 0 and "overlong" not in cfg.reward.funcs:
+        funcs.append(("overlong", get_reward_function("overlong"), 1.0))  # DAPO soft overlong punishment
+    return funcs
+
+
+def reward_kwargs(cfg: Any) -> dict[str, Any]:
+    """The config values built-in rewards read, as keywords for `score_responses`.
+
+        score_responses(funcs, prompts, completions, columns, completion_ids=ids, **reward_kwargs(cfg))
+
+    Args:
+        cfg: a `grpokit.config.schema.GRPOConfig`.
+    """
+    return {"max_completion_length": cfg.rollout.max_completion_length,
+            "overlong_buffer": cfg.reward.overlong_buffer, "overlong_penalty": cfg.reward.overlong_penalty,
+            "task_format": cfg.task.format, "step_correct_reward": cfg.reward.step_correct_reward,
+            "step_wrong_reward": cfg.reward.step_wrong_reward}
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring: every function over a batch, then the weighted sum
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class RewardBatch:
+    """Rewards of one generation batch of N = B * G completions."""
+
+    total: torch.Tensor  # [N] float32: sum_k w_k * r_k over functions that scored it; NaN = excluded
+    per_func: dict[str, torch.Tensor]  # name -> [N] float32 raw scores, NaN where None (process: step sum)
+    num_errors: int  # completions excluded because a function raised under reward_errors='skip'
+    step_rewards: list[list[tuple[int, float]]] | None  # weighted (end_token_index, r) per completion
+
+
+def score_responses(reward_funcs: Sequence[tuple[str, Callable, float]], prompts: list, completions: list,
+                    columns: dict[str, list], reward_errors: str = "raise", **extra: Any) -> RewardBatch:
+    """[B] Score N completions with every reward function and sum them with their weights.
+
+        r_i = sum_k w_k * r_k,i   over the functions k that scored completion i (None abstains)
+
+    A completion every function abstained on gets NaN (excluded from its group's statistics); so
+    does one on which a function raised under ``reward_errors='skip'``. Process functions
+    (``fn.process``) add weighted steps to `step_rewards` instead of the total; with no outcome
+    function the total is 0, the signal then being the steps.
+
+    Args:
+        reward_funcs: (name, function, weight) triples; functions from `get_reward_function`.
+        prompts: the N prompts (each repeated for its G completions).
+        completions: the N completion texts (or chat message lists); for a chat prompt a text is passed
+            to the functions as [{'role': 'assistant', 'content': text}], as TRL does.
+        columns: dataset columns, each a list of N values (``answer`` at least for the built-ins).
+        reward_errors: 'raise' (RewardError naming the function, completion and cause) or 'skip'.
+        **extra: further keywords for every function (completion_ids, max_completion_length, ...).
+
+    Returns:
+        A `RewardBatch`.
+
+    Raises:
+        RewardError: a function raised (with 'raise'), returned a wrong-length list, NaN or inf.
+    """
+    n = len(completions)
+    if reward_errors not in ("raise", "skip"):
+        raise RewardError(f"reward_errors must be 'raise' or 'skip', got {reward_errors!r}")
+    if len(prompts) != n:
+        raise RewardError(f"{len(prompts)} prompts for {n} completions: "
+                          "repeat each prompt once per completion")
+    for key, values in columns.items():
+        if len(values) != n:
+            raise RewardError(f"column '{key}' has {len(values)} values for {n} completions: "
+                              f"repeat each prompt's columns once per completion")
+    kwargs = {**columns, **extra}
+    ids = kwargs.get("completion_ids")
+    lengths = [len(x) for x in ids] if isinstance(ids, (list, tuple)) and len(ids) == n else [None] * n
+    failed: set[int] = set()
+    per_func: dict[str, torch.Tensor] = {}
+    weighted: list[torch.Tensor] = []
+    step_rewards: list[list[tuple[int, float]]] | None = None
+    completions = completions_as_messages(prompts, completions)  # chat prompts: TRL's message completions
+    awaited = run_async_batches([fn for _, fn, _ in reward_funcs], prompts, completions, kwargs)
+    for (name, fn, weight), batch_out in zip(reward_funcs, awaited):
+        out, errors = _call(name, fn, prompts, completions, kwargs, reward_errors, batch_out)
+        failed |= errors
+        if getattr(fn, "process", False):
+            steps = [_steps(name, v, i, lengths[i]) for i, v in enumerate(out)]
+            if step_rewards is None:
+                step_rewards = [[] for _ in range(n)]
+            for i, pairs in enumerate(steps):
+                step_rewards[i].extend((t, weight * r) for t, r in pairs)
+            raw = [math.nan if i in errors else sum(r for _, r in pairs) for i, pairs in enumerate(steps)]
+            per_func[name] = torch.tensor(raw, dtype=torch.float32)
+            continue
+        scores = torch.tensor([_score(name, v, i, completions[i]) for i, v in enumerate(out)],
+                              dtype=torch.float32)  # [N]
+        per_func[name] = scores
+        weighted.append(scores * weight)
+    if weighted:
+        stacked = torch.stack(weighted)  # [F, N]
+        total = torch.nansum(stacked, dim=0)
+        total[torch.isnan(stacked).all(dim=0)] = math.nan
+    else:
+        total = torch.zeros(n, dtype=torch.float32)
+    for i in failed:  # excluded from its group's statistics, steps included
+        total[i] = math.nan
+        if step_rewards is not None:
+            step_rewards[i] = []
+    return RewardBatch(total, per_func, len(failed), step_rewards)

@@ -1,0 +1,10 @@
+"""[A] Sampling G completions per prompt, and the `Rollout` contract between sampling and update.
+
+    groups        sample_groups, Rollout (ids, masks up to the first EOS), prompt encoding
+    sampler       grpokit's own KV-cache decode loop (rollout.backend=fast); its C kernels come through
+                  grpokit.fast
+    cached_engine the decode loop's engine for other architectures (a transformers DynamicCache)
+    sampling      the token draw: temperature, top-k, top-p, exactly `generate`'s distribution
+    vllm_backend  the same Rollout from a vLLM engine (rollout.backend=vllm)
+    vllm_engine   the engine contract, and the real vLLM engine behind it
+"""

@@ -1,0 +1,287 @@
+"""[A] Group sampling: G completions per prompt, and the `Rollout` contract between sampling and update.
+
+Nothing downstream of a Rollout touches the sampler or re-tokenizes text: the completion token ids
+are kept exactly as generated, and the mask says which of them the loss may see.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpokit.model.loading import eval_mode
+from grpokit.rewards.scoring import RewardBatch
+from grpokit.rollout import sampler
+
+log = logging.getLogger("grpokit")
+prompt_log = logging.getLogger("grpokit.prompts")  # over-long prompts; evaluation reports them once itself
+
+
+@dataclass
+class Rollout:
+    """One generation batch: N = B * G completions, the G of each prompt contiguous.
+
+    Shapes: P = longest prompt (left-padded), T = longest completion (right-padded).
+    """
+
+    prompt_ids: torch.Tensor          # [N, P] long, left-padded with pad_token_id
+    prompt_mask: torch.Tensor         # [N, P] long, 1 on real prompt tokens
+    completion_ids: torch.Tensor      # [N, T] long, as sampled; pad after the first EOS
+    completion_mask: torch.Tensor     # [N, T] long, 1 up to and including the first EOS
+    group_ids: torch.Tensor           # [N] long, index of the prompt (0..B-1) each row answers
+    completions: list[str]            # N decoded completions (special tokens skipped)
+    prompts: list[Any]                # N prompts (text or chat messages), each repeated G times
+    truncated: torch.Tensor           # [N] bool, no EOS within max_new_tokens
+    group_size: int                   # G
+    sampling_logprobs: torch.Tensor | None = None  # [N, T] log-probs under the sampling distribution
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """[N, P + T] prompt then completion, the layout `per_token_logprobs` takes."""
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """[N, P + T]: prompt mask then completion mask."""
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        """[N] valid tokens per completion (EOS included)."""
+        return self.completion_mask.sum(-1)
+
+    def select(self, rows: torch.Tensor | Sequence[int]) -> Rollout:
+        """A Rollout of the given rows (whole groups, in order), e.g. for dynamic sampling."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        pick = idx.tolist()
+        lp = None if self.sampling_logprobs is None else self.sampling_logprobs[idx]
+        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
+                       self.completion_mask[idx], self.group_ids[idx], [self.completions[i] for i in pick],
+                       [self.prompts[i] for i in pick], self.truncated[idx], self.group_size, lp)
+
+
+def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
+    """Stack rollouts (prompts re-padded on the left, completions on the right); group ids renumbered."""
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    T = max(r.completion_ids.shape[1] for r in parts)
+
+    def lpad(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+    def rpad(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    group_ids, offset = [], 0
+    for r in parts:
+        group_ids.append(r.group_ids - r.group_ids.min() + offset if r.group_ids.numel() else r.group_ids)
+        offset += int(r.group_ids.numel() // r.group_size)
+    has_lp = all(r.sampling_logprobs is not None for r in parts)
+    return Rollout(
+        prompt_ids=torch.cat([lpad(r.prompt_ids, P, pad_token_id) for r in parts]),
+        prompt_mask=torch.cat([lpad(r.prompt_mask, P, 0) for r in parts]),
+        completion_ids=torch.cat([rpad(r.completion_ids, T, pad_token_id) for r in parts]),
+        completion_mask=torch.cat([rpad(r.completion_mask, T, 0) for r in parts]),
+        group_ids=torch.cat(group_ids),
+        completions=[c for r in parts for c in r.completions],
+        prompts=[p for r in parts for p in r.prompts],
+        truncated=torch.cat([r.truncated for r in parts]),
+        group_size=parts[0].group_size,
+        sampling_logprobs=torch.cat([rpad(r.sampling_logprobs, T, 0.0) for r in parts]) if has_lp else None,
+    )
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen if isinstance(gen, (list, tuple)) else [gen])
+    return sorted(i for i in ids if i is not None)
+
+
+def completion_mask_from_ids(completion_ids: torch.Tensor,
+                             eos_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask covering tokens up to and including the first EOS; and whether each row has no EOS.
+
+    Returns: (mask [N, T] long, truncated [N] bool).
+    """
+    T = completion_ids.shape[1]
+    is_eos = torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device))
+    has_eos = is_eos.any(-1)                                              # [N]
+    first = torch.where(has_eos, is_eos.int().argmax(-1), torch.full_like(has_eos, T, dtype=torch.long))
+    mask = (torch.arange(T, device=completion_ids.device)[None, :] <= first[:, None]).long()
+    return mask, ~has_eos
+
+
+class PromptTooLongError(ValueError):
+    """A prompt exceeds max_prompt_length and truncate_prompt is 'error'."""
+
+
+def encode_prompts(tokenizer, texts: Sequence[str], max_prompt_length: int | None,
+                   truncate: str = "left",
+                   add_special_tokens: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask [B, P]; over-long prompts lose their oldest tokens (or raise)."""
+    rows = [tokenizer(t, add_special_tokens=add_special_tokens)["input_ids"] for t in texts]
+    long = [i for i, ids in enumerate(rows) if max_prompt_length is not None and len(ids) > max_prompt_length]
+    if long:
+        i = long[0]
+        if truncate == "error":
+            raise PromptTooLongError(
+                f"prompt {i} has {len(rows[i])} tokens > rollout.max_prompt_length={max_prompt_length}: "
+                "raise the limit or set rollout.truncate_prompt=left")
+        more = (f"; {len(long) - 1} more of these {len(rows)} prompts were cut the same way"
+                if len(long) > 1 else "")
+        prompt_log.warning("prompt %d has %d tokens; keeping its last %d (rollout.max_prompt_length)%s",
+                           i, len(rows[i]), max_prompt_length, more)  # one line per batch, not per prompt
+        rows = [ids[-max_prompt_length:] for ids in rows]
+    P = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (P - len(r)) + r for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return ids, mask
+
+
+def merge_kept_groups(parts, B: int, G: int, pad_id: int):
+    """Dynamic sampling: the first B kept groups across rounds, as one rollout with matching rewards.
+
+    parts: (rollout, reward batch, correctness or None, kept group indices) per round.
+    """
+    rolls, totals, per_func, corrects, steps, left = [], [], {}, [], [], B
+    for rollout, scores, correct, keep in parts:
+        keep = keep[:left]
+        left -= len(keep)
+        if not keep:
+            continue
+        rows = [g * G + j for g in keep for j in range(G)]
+        rolls.append(rollout.select(rows))
+        totals.append(scores.total[rows])
+        for k, v in scores.per_func.items():
+            per_func.setdefault(k, []).append(v[rows])
+        corrects.append(correct[rows] if correct is not None else torch.full((len(rows),), float("nan")))
+        if scores.step_rewards is not None:
+            steps.extend(scores.step_rewards[i] for i in rows)
+    if not rolls:  # every group was uniform in every round: keep the last round, it gives zero advantage
+        rollout, scores, correct, _ = parts[-1]
+        return rollout, scores, correct
+    merged = RewardBatch(torch.cat(totals), {k: torch.cat(v) for k, v in per_func.items()},
+                         sum(p[1].num_errors for p in parts), steps or None)
+    return concat_rollouts(rolls, pad_id), merged, torch.cat(corrects)
+
+
+@torch.no_grad()
+def _generate_backend(model, prompt_ids, prompt_mask, max_new_tokens: int, *, temperature: float,
+                      top_p: float, top_k: int, eos_ids: list[int], pad_id: int, suppress_eos: bool,
+                      greedy: bool = False) -> torch.Tensor:
+    """Completion ids [N, <=T] from `model.generate` (the fallback sampler)."""
+    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "pad_token_id": pad_id,
+                              "eos_token_id": eos_ids}
+    if greedy:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
+    if suppress_eos:
+        kwargs["min_new_tokens"] = max_new_tokens
+    with eval_mode(model):
+        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
+    return out[:, prompt_ids.shape[1]:]
+
+
+def render_prompts(tokenizer, prompts: Sequence[Any], max_prompt_length: int | None, truncate_prompt: str,
+                   chat_template_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts (text, or chat messages rendered with the chat template) -> left-padded ids, mask [B, P]."""
+    chat = [isinstance(p, list) for p in prompts]
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
+                                           **(chat_template_kwargs or {})) if c else p
+             for p, c in zip(prompts, chat)]
+    return encode_prompts(tokenizer, texts, max_prompt_length, truncate_prompt,
+                          add_special_tokens=not any(chat))
+
+
+def _pad_cat(pieces: list[torch.Tensor], T: int, value: float) -> torch.Tensor:
+    """Row blocks [n_i, T_i] right-padded with `value` to T columns, stacked: [sum n_i, T]."""
+    return torch.cat([torch.nn.functional.pad(p, (0, T - p.shape[1]), value=value) for p in pieces])
+
+
+def sample_groups(
+    model,
+    tokenizer,
+    prompts: Sequence[Any],
+    group_size: int,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_prompt_length: int | None = None,
+    truncate_prompt: str = "left",
+    backend: str = "auto",
+    suppress_eos: bool = False,
+    generation_batch_size: int = 0,
+    greedy: bool = False,
+    chat_template_kwargs: dict | None = None,
+) -> Rollout:
+    """Sample G completions for each prompt with the current policy.
+
+    Args:
+        model: a causal LM (its train/eval mode is restored afterwards).
+        tokenizer: its tokenizer; prompts are left-padded with its pad token.
+        prompts: B prompts, plain text or chat messages (rendered with the chat template).
+        group_size: G completions per prompt.
+        max_new_tokens: T, the completion length limit.
+        temperature, top_p, top_k: the sampling distribution (top_k=0 keeps all tokens).
+        max_prompt_length, truncate_prompt: over-long prompts keep their last tokens ("left") or raise.
+        backend: "auto" (fast sampler when the architecture supports it), "fast" or "generate".
+        suppress_eos: never end early (fixed-length completions, for benchmarks).
+        generation_batch_size: completions decoded at once (0 = all N), a multiple of G.
+        greedy: argmax decoding instead of sampling (evaluation; use group_size=1).
+        chat_template_kwargs: extra keywords for the chat template (task.chat_template_kwargs).
+
+    Returns:
+        A Rollout with N = B * G rows.
+    """
+    prompt_ids, prompt_mask = render_prompts(tokenizer, prompts, max_prompt_length, truncate_prompt,
+                                             chat_template_kwargs)
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    eos_ids = eos_token_ids(model, tokenizer)
+    use_fast = sampler.choose_backend(model, backend)
+    B = prompt_ids.shape[0]
+    chunk = max(1, (generation_batch_size or B * group_size) // group_size)  # prompts per decode call
+    pieces, logps = [], []
+    for s in range(0, B, chunk):
+        p_ids, p_mask = prompt_ids[s:s + chunk], prompt_mask[s:s + chunk]
+        if use_fast:
+            ids, lp = sampler.fast_sample(model, p_ids, p_mask, group_size, max_new_tokens,
+                                          temperature=temperature, top_p=top_p, top_k=top_k, eos_ids=eos_ids,
+                                          pad_id=tokenizer.pad_token_id, suppress_eos=suppress_eos,
+                                          greedy=greedy)
+            logps.append(lp)
+        else:
+            rep_ids, rep_mask = (p_ids.repeat_interleave(group_size, 0),
+                                 p_mask.repeat_interleave(group_size, 0))
+            ids = _generate_backend(model, rep_ids, rep_mask, max_new_tokens, temperature=temperature,
+                                    top_p=top_p, top_k=top_k, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id,
+                                    suppress_eos=suppress_eos, greedy=greedy)
+        pieces.append(ids)
+    T = max(p.shape[1] for p in pieces)
+    completion_ids = _pad_cat(pieces, T, tokenizer.pad_token_id)                  # [N, T]
+    mask, truncated = completion_mask_from_ids(completion_ids, eos_ids)
+    completion_ids = torch.where(mask.bool(), completion_ids,
+                                 torch.full_like(completion_ids, tokenizer.pad_token_id))
+    sampling_logprobs = _pad_cat(logps, T, 0) * mask if use_fast else None        # [N, T]
+    texts_out = tokenizer.batch_decode(completion_ids.tolist(), skip_special_tokens=True)
+    return Rollout(
+        prompt_ids=prompt_ids.repeat_interleave(group_size, 0),
+        prompt_mask=prompt_mask.repeat_interleave(group_size, 0),
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        group_ids=torch.arange(B, device=device).repeat_interleave(group_size),
+        completions=texts_out,
+        prompts=[p for p in prompts for _ in range(group_size)],
+        truncated=truncated,
+        group_size=group_size,
+        sampling_logprobs=sampling_logprobs,
+    )

@@ -1,0 +1,382 @@
+"""grpokit's own decode loop behind `sample_groups` (the "fast" backend).
+
+Why not `model.generate`: GRPO samples G completions of the same prompt, so the prompt is prefilled
+once and its keys/values are copied to the group's G rows (not recomputed); rows that have finished
+are dropped from the batch so they stop costing compute; and the sampling log-probs come out with the
+tokens, so mu = 1 needs no extra forward pass for the old policy.
+
+Two engines, chosen per model:
+  * lean   (Llama, Qwen2, Qwen3, Mistral with plain nn.Linear weights): a decoder step written
+           against the model's own weights, q/k/v and gate/up fused into one matmul each, rotary
+           tables built once, and a KV cache the sampler owns: one preallocated tensor
+           [layers, 2, N, kv_heads, P + T, head_dim], written in place (no per-step concatenation);
+           large weights packed once per call for oneDNN (`DecodeLinear`).
+  * cached (other known architectures): the model's forward with a transformers DynamicCache.
+Anything else goes to `model.generate` (rollout.py), with one log line.
+
+The distribution is exactly `generate`'s: logits / temperature, then top-k, then top-p (the order of
+transformers' logits warpers), then a categorical draw (`grpokit.rollout.sampling`); EOS suppression is
+min_new_tokens' -inf. The returned log-probs are those of the temperature-scaled full distribution,
+
+    logp_t = z_t[o_t] / tau - logsumexp(z_t / tau),
+
+which is what `per_token_logprobs` recomputes, so they can stand in for the old policy's log-probs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from grpokit import fast
+from grpokit.model.llama_layer import LayerSpec, decoder_layer, gated_mlp_input, rms_norm, signed_sin
+from grpokit.model.loading import eval_mode
+from grpokit.model.logprobs import CACHE_MODEL_TYPES, position_ids_from_mask
+from grpokit.model.precision import autocast_for, compute_dtype
+from grpokit.rollout.cached_engine import CachedEngine
+from grpokit.rollout.sampling import pick_tokens
+
+log = logging.getLogger("grpokit")
+
+# Architectures whose forward takes (input_ids, attention_mask, position_ids, cache) and a DynamicCache.
+FAST_MODEL_TYPES = CACHE_MODEL_TYPES
+# Architectures the lean decoder implements (pre-norm, rotary, gated MLP, optional q/k norm).
+LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+_warned: set[str] = set()
+
+
+def choose_backend(model, backend: str) -> bool:
+    """True to use the fast sampler. 'auto' picks it when the architecture is known to work."""
+    if backend == "fast":
+        return True
+    if backend == "generate":
+        return False
+    # backend "vllm": training rollouts go to grpokit.rollout.vllm_backend; direct calls (evaluation)
+    # pick as "auto"
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    ok = model_type in FAST_MODEL_TYPES
+    if not ok and model_type not in _warned:
+        _warned.add(model_type)
+        log.info("sampler: architecture '%s' is not on the fast path; using model.generate", model_type)
+    return ok
+
+
+def _plain_linear(m) -> bool:
+    return type(m) is torch.nn.Linear
+
+
+def lean_supported(model, max_positions: int) -> bool:
+    """Whether the lean decoder reproduces this model's forward (else the cached engine is used)."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", "") not in LEAN_MODEL_TYPES or not hasattr(model, "get_decoder"):
+        return False
+    dec = model.get_decoder()
+    if not all(hasattr(dec, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return False
+    rope = getattr(dec.rotary_emb, "rope_type", "default")
+    if "dynamic" in rope or "longrope" in rope:
+        return False                                                      # inv_freq depends on the length
+    window = getattr(cfg, "sliding_window", None)
+    if window and "sliding_attention" in (getattr(cfg, "layer_types", None) or ["sliding_attention"]) \
+            and (cfg.model_type == "mistral" or getattr(cfg, "use_sliding_window", False)) \
+            and window < max_positions:
+        return False
+    for layer in dec.layers:
+        a, m = layer.self_attn, layer.mlp
+        if not all(_plain_linear(x) for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj,
+                                              m.down_proj)):
+            return False                                                  # LoRA / quantized layers
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        return False                                                      # hooks would be bypassed
+    return _plain_linear(model.get_output_embeddings())
+
+
+def _cat_bias(*mods) -> torch.Tensor | None:
+    if all(m.bias is None for m in mods):
+        return None
+    return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
+
+
+# Weights at least this large (in x out) run through oneDNN with the weight packed once per sampling
+# call: at 8-64 rows per step, MKL's sgemm re-packs the weight on every call and reaches about half the
+# rate of the packed kernel (docs/performance.md). Smaller matrices are faster through plain F.linear.
+PACK_MIN_ELEMENTS = 512 * 512
+
+
+class DecodeLinear:
+    """y = x W^T + b for the decode loop: plain F.linear, or oneDNN on a weight packed for `rows` rows.
+
+    The choice depends only on the weight's shape, dtype and device (never on timings), so a run
+    repeats bit for bit; both paths agree to fp32 rounding (summation order).
+    compute (bf16 mixed precision): W and b are kept as bf16 copies (packed for oneDNN the same way:
+    1536 x 576 at 32 rows, 144 us packed vs 174 us plain bf16 vs 266 us packed fp32), x is cast down
+    and y back up, so the decoder around the matmuls (and its fp32 C kernels) stays float32.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
+                 compute: torch.dtype | None = None) -> None:
+        if compute is not None:
+            weight, bias = weight.detach().to(compute), None if bias is None else bias.detach().to(compute)
+        self.weight, self.bias, self.packed, self.compute = weight, bias, None, compute
+        if (weight.numel() >= PACK_MIN_ELEMENTS and weight.device.type == "cpu"
+                and weight.dtype in (torch.float32, torch.bfloat16)
+                and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+            except (RuntimeError, AttributeError):                       # an older build without the op
+                self.packed = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compute is not None:
+            return self._linear(x.to(self.compute)).float()
+        return self._linear(x)
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+# Prompts up to this length are prefilled as one-call decode steps (`fast.whole_step.WholeStep.prefill`);
+# longer ones as one batched pass. Tiny bench model, 4 prompts: 2.9 vs 4.0 ms at 10 tokens, 7.2 vs 5.5 ms
+# at 32, 13.2 vs 8.1 at 64.
+PREFILL_STEPS_MAX = 16
+
+
+class LeanDecoder:
+    """A Llama-family decoder for sampling: fused weights, rotary tables, and an owned KV cache."""
+
+    def __init__(self, model, rows: int, max_len: int) -> None:
+        dec, cfg = model.get_decoder(), model.config
+        # bf16 matmuls (grpokit.model.precision) or None
+        self.compute = compute = compute_dtype(model)
+        a0 = dec.layers[0].self_attn
+        self.hd = a0.head_dim
+        self.nh = cfg.num_attention_heads
+        self.nkv = cfg.num_key_value_heads
+        self.eps = dec.norm.variance_epsilon
+        self.embed, self.final_norm = dec.embed_tokens.weight, dec.norm.weight
+        head = model.get_output_embeddings()
+        self.head = DecodeLinear(head.weight, head.bias, rows, compute)
+        self.layers = []
+        for layer in dec.layers:
+            a, m = layer.self_attn, layer.mlp
+            spec = LayerSpec.of(layer, cfg)
+            self.layers.append({
+                "qkv": DecodeLinear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                                    _cat_bias(a.q_proj, a.k_proj, a.v_proj), rows, compute),
+                "o": DecodeLinear(a.o_proj.weight, a.o_proj.bias, rows, compute),
+                "gu": DecodeLinear(torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                                   _cat_bias(m.gate_proj, m.up_proj), rows, compute),
+                "down": DecodeLinear(m.down_proj.weight, m.down_proj.bias, rows, compute), "act": m.act_fn,
+                "ln1": spec.ln1, "ln2": spec.ln2, "scale": a.scaling, "q_norm": spec.q_norm,
+                "k_norm": spec.k_norm,
+                "spec": dataclasses.replace(spec, eps=self.eps)})   # the final norm's eps, as before
+        w = self.embed
+        positions = torch.arange(max_len, device=w.device)[None]          # [1, S]
+        cos, sin = dec.rotary_emb(w[:1][None], positions)                 # [1, S, hd] each
+        self.cos, self.sin = cos[0], signed_sin(sin[0])   # rotate_half(x) * sin == roll(x, hd/2) * signed
+        self.kv = torch.empty(len(self.layers), 2, rows, self.nkv, max_len, self.hd,
+                              dtype=w.dtype, device=w.device)
+        # an ActivationRecord (grpokit.fast.reuse), the decode step
+        self.record, self.record_step = None, None
+        self.native = fast.kernels_for(model)        # C kernels (grpokit.fast.native) inside fast.accelerated
+        self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")
+        self.whole = fast.whole_step_for(self, rows)  # the whole step in one C call where it applies, or None
+
+    def dims(self) -> dict[str, int]:
+        """Output width of each projection (what an ActivationRecord stores per position)."""
+        return {k: self.layers[0][k].weight.shape[0] for k in ("qkv", "o", "gu", "down")}
+
+    def _proj(self, i: int, name: str, x: torch.Tensor) -> torch.Tensor:
+        y = self.layers[i][name](x)
+        if self.record is not None:
+            self.record.put(i, name, y, self.record_step)
+        return y
+
+    def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: slice,
+                mask: torch.Tensor, rows: int) -> torch.Tensor:
+        """h [n, L, H] through every layer (`llama_layer.decoder_layer`); keys/values of the L new positions
+        go to cache `slots`."""
+        n = h.shape[0]
+        for i, w in enumerate(self.layers):
+            cache = self.kv[i, :, :rows]                                  # [2, rows, kv_heads, S, hd]
+
+            def attend(q, k, v, cache=cache, scale=w["scale"]):
+                if n == rows:   # decode (or G = 1): write the new slot, attend over every slot so far
+                    cache[0, :, :, slots], cache[1, :, :, slots] = k, v
+                    k, v = cache[0, :, :, :slots.stop], cache[1, :, :, :slots.stop]
+                else:           # prefill: attend within the prompt; its keys/values go to each of the G rows
+                    cache[0, :, :, slots] = k.repeat_interleave(rows // n, 0)
+                    cache[1, :, :, slots] = v.repeat_interleave(rows // n, 0)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                      enable_gqa=self.nkv != self.nh)   # [n, nh, L, hd]
+
+            h = decoder_layer(h, w["spec"], project=lambda name, x, i=i: self._proj(i, name, x), cos=cos,
+                              sin=sin, attend=attend)
+        return rms_norm(h[:, -1], self.final_norm, self.eps)               # [n, H], last position only
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
+        """Prompts [B, P] (left-padded) once; their keys/values fill cache rows b*G..b*G+G-1.
+        Returns [B, V]."""
+        B, P = ids.shape
+        pos = position_ids_from_mask(mask)                                # [B, P]
+        if self.whole is not None and self.record is None and P <= PREFILL_STEPS_MAX:
+            return self.whole.prefill(ids, mask.bool(), pos, group_size)
+        keep = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()[None] & mask.bool()[:, None, :]
+        keep |= torch.eye(P, dtype=torch.bool, device=ids.device)        # pad queries see themselves: no NaN
+        h = self._layers(F.embedding(ids, self.embed), self.cos[pos][:, None], self.sin[pos][:, None],
+                         slice(0, P), keep[:, None], B * group_size)
+        return self.head(h)
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor, slot: int, key_mask: torch.Tensor) -> torch.Tensor:
+        """One token per row: tok, pos [n]; key_mask [n, >= slot + 1] (valid key slots).
+        Returns logits [n, V]."""
+        n = tok.shape[0]
+        if self.whole is not None and self.record is None:
+            return self.whole(tok, pos, slot, key_mask)
+        if self.native is not None:
+            return self.head(self._layers_native(F.embedding(tok, self.embed), pos, slot, key_mask))
+        h = self._layers(F.embedding(tok[:, None], self.embed), self.cos[pos][:, None, None],
+                         self.sin[pos][:, None, None], slice(slot, slot + 1),
+                         key_mask[:, None, None, :slot + 1], n)
+        return self.head(h)
+
+    def _layers_native(self, h: torch.Tensor, pos: torch.Tensor, slot: int,
+                       key_mask: torch.Tensor) -> torch.Tensor:
+        """`_layers` for one decode position with the fused kernels: h [n, H] (updated in place) -> [n, H]."""
+        n = h.shape[0]
+        k, x = self.native, torch.empty_like(h)
+        att = h.new_empty(n, self.nh * self.hd)
+        k.add_rms(h, None, self.layers[0]["ln1"], self.eps, x)
+        for i, w in enumerate(self.layers):
+            qkv = self._proj(i, "qkv", x[:, None])                         # [n, 1, (nh + 2 nkv) hd]
+            k.rope_attend(qkv, pos, self.cos, self.sin, w["q_norm"], w["k_norm"], self.eps, self.kv[i, :, :n],
+                          slot, key_mask, self.nh, w["scale"], att)
+            k.add_rms(h, self._proj(i, "o", att[:, None]), w["ln2"], self.eps, x)
+            gu = self._proj(i, "gu", x[:, None])                            # [n, 1, 2 I]
+            act = k.silu_mul(gu.view(n, -1))[:, None] if self.silu else gated_mlp_input(gu, w["act"])
+            nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
+            k.add_rms(h, self._proj(i, "down", act), nxt, self.eps, x)
+        return x
+
+    def keep_rows(self, keep: torch.Tensor, upto: int) -> None:
+        """Drop finished rows: copy the kept rows' first `upto` cache slots into a smaller cache."""
+        L, _, _, nkv, S, hd = self.kv.shape
+        kv = torch.empty(L, 2, keep.numel(), nkv, S, hd, dtype=self.kv.dtype, device=self.kv.device)
+        kv[..., :upto, :] = self.kv[:, :, keep, :, :upto]
+        self.kv = kv
+
+
+@torch.no_grad()
+def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                max_new_tokens: int, *, temperature: float, top_p: float, top_k: int, eos_ids: list[int],
+                pad_id: int, suppress_eos: bool = False,
+                greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample G completions per prompt with a shared-prefix KV cache.
+
+    Args:
+        prompt_ids, prompt_mask: [B, P] left-padded prompts (each prefilled once).
+        group_size: G.
+        greedy: argmax decoding (evaluation); log-probs are still those of the tempered distribution.
+
+    Inside a `grpokit.fast.accelerated` scope that records this model's batch, the lean engine records
+    every projection output (`grpokit.fast.reuse.ActivationRecord`) and hands it to the scope at the end.
+
+    Returns:
+        (completion_ids [B*G, T'], sampling log-probs [B*G, T']), T' <= max_new_tokens (the longest row).
+        After a row's first EOS its entries are unspecified: the caller masks them (rollout.py).
+    """
+    lean = lean_supported(model, prompt_ids.shape[1] + max_new_tokens)
+    # the model's own forward runs in eval mode (no dropout), under bf16 autocast in mixed precision;
+    # the lean decoder reads the weights only (and casts them itself: `DecodeLinear`)
+    with contextlib.nullcontext() if lean else eval_mode(model), \
+            contextlib.nullcontext() if lean else autocast_for(model):
+        if lean:
+            engine = _LeanEngine(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
+        else:
+            engine = CachedEngine(model, prompt_ids, prompt_mask, group_size)
+        tokens, logps = _decode(engine, prompt_ids.shape[0] * group_size, max_new_tokens, temperature, top_p,
+                                top_k, eos_ids, pad_id, suppress_eos, greedy, prompt_ids.device)
+        record = engine.dec.record if lean else None
+        if record is not None:
+            record.finish(tokens)
+            fast.hold_record(record)
+        return tokens, logps
+
+
+def _decode(engine, N: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+            eos_ids: list[int], pad_id: int, suppress_eos: bool, greedy: bool,
+            device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampling loop shared by both engines; finished rows are compacted away in batches."""
+    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
+    eos = torch.tensor(eos_ids, device=device)
+    logits = engine.first_logits()                                        # [N, V]
+    # original ids of live rows (None = all)
+    rows = None
+    finished = torch.zeros(N, dtype=torch.bool, device=device)
+    steps = 0
+    for t in range(max_new_tokens):
+        logits = logits.float()
+        if suppress_eos:
+            logits[:, eos] = float("-inf")
+        tok, lp = pick_tokens(logits, temperature, top_k, top_p, greedy, getattr(engine, "native", None))
+        if rows is None:
+            tokens[:, t], logps[:, t] = tok, lp
+        else:
+            tokens[rows, t], logps[rows, t] = tok, lp
+        steps = t + 1
+        if t + 1 == max_new_tokens:
+            break
+        if not suppress_eos:
+            finished |= torch.isin(tok, eos)
+            n_done = int(finished.sum())
+            if n_done == finished.numel():
+                break
+            # A dead row costs a row of compute per step; dropping rows costs one cache copy. Drop in batches.
+            if n_done * 8 >= finished.numel():
+                keep = (~finished).nonzero().squeeze(-1)
+                rows = keep if rows is None else rows[keep]
+                engine.keep_rows(keep, t)
+                tok, finished = tok[keep], finished[keep]
+        logits = engine.step(tok, t)
+    return tokens[:, :steps], logps[:, :steps]
+
+
+class _LeanEngine:
+    """Drives `LeanDecoder`: positions, key masks and the cache slot of each step."""
+
+    def __init__(self, model, prompt_ids, prompt_mask, group_size: int, max_new_tokens: int) -> None:
+        B, P = prompt_ids.shape
+        self.P, N = P, B * group_size
+        self.dec = LeanDecoder(model, N, P + max_new_tokens)
+        self.dec.record = fast.start_record(model, prompt_ids, prompt_mask, group_size, max_new_tokens,
+                                            self.dec.dims(), len(self.dec.layers))   # None: not recording
+        self.logits0 = self.dec.prefill(prompt_ids, prompt_mask, group_size).repeat_interleave(group_size, 0)
+        mask = prompt_mask.bool().repeat_interleave(group_size, 0)
+        self.key_mask = torch.cat([mask, mask.new_ones(N, max_new_tokens)], 1)   # [N, P + T] valid key slots
+        self.pos = mask.sum(-1)                                           # next position of each row [N]
+
+    def first_logits(self) -> torch.Tensor:
+        return self.logits0
+
+    @property
+    def native(self):
+        return self.dec.native
+
+    def step(self, tok: torch.Tensor, t: int) -> torch.Tensor:
+        slot = self.P + t
+        self.dec.record_step = t
+        logits = self.dec.step(tok, self.pos + t, slot, self.key_mask)
+        return logits
+
+    def keep_rows(self, keep: torch.Tensor, t: int) -> None:
+        self.dec.keep_rows(keep, self.P + t)
+        if self.dec.record is not None and not self.dec.record.keep_rows(keep, t):
+            self.dec.record = None                                        # it can no longer pay: stop
+        self.key_mask, self.pos = self.key_mask[keep], self.pos[keep]

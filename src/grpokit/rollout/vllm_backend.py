@@ -1,0 +1,202 @@
+"""[A] Rollouts from vLLM (rollout.backend=vllm, the optional [vllm] extra), same `Rollout` contract.
+
+Two placements (rollout.vllm_mode):
+
+    colocate  each training process holds a vLLM `LLM` engine (grpokit.rollout.vllm_engine) on its own device,
+              within rollout.vllm_gpu_memory_utilization (GPU) or rollout.vllm_kv_cache_gib (CPU). Per
+              step: wake_up -> sync the weights of this step (in-process, no copy over a network) ->
+              generate -> sleep (where the platform has sleep mode: the memory goes back to training).
+    server    a separate `grpokit vllm-serve` process (its own devices); rank 0 pushes the weights after
+              each update (safetensors over HTTP), every rank sends its own prompts.
+
+The tokens come with vLLM's own log-probs (`Rollout.sampling_logprobs`): the distribution they were
+drawn from. vLLM computes them with other kernels (and often another precision) than the trainer, so
+pi_sampler != pi_old; the trainer corrects this with truncated importance sampling
+(loss.truncated_is_weights, loss.tis_level / loss.tis_cap) and reports tis/mean_weight,
+tis/clipped_frac and the measured mismatch tis/logprob_diff_mean, tis/logprob_diff_max per step.
+
+Any object with the `GenerationEngine` methods can stand in for vLLM (tests/rollout/test_vllm_backend.py
+uses a CPU stand-in; tests/rollout/test_vllm_real.py drives a real engine).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save, save_file
+
+from grpokit.rollout.groups import Rollout, completion_mask_from_ids, encode_prompts, eos_token_ids
+from grpokit.rollout.vllm_engine import (
+    INSTALL_HINT,
+    GenerationEngine,
+    Sample,
+    SamplingSpec,
+    VLLMEngine,
+    VLLMError,
+    policy_weights,
+    require_vllm,
+)
+
+__all__ = ["INSTALL_HINT", "GenerationEngine", "Sample", "SamplingSpec", "ServerEngine", "VLLMEngine",
+           "VLLMError", "VLLMRollouts", "build_rollouts", "in_process_backend", "rollout_from_samples",
+           "vllm_sample"]
+
+log = logging.getLogger("grpokit")
+
+
+def in_process_backend() -> str:
+    """The sampler `sample_groups` uses when called directly (evaluation) while rollout.backend=vllm."""
+    return "auto"
+
+
+class ServerEngine:
+    """Client of `grpokit vllm-serve` (rollout.vllm_mode=server): JSON for generation, safetensors for
+    weights."""
+
+    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
+        self.base_url, self.timeout = base_url.rstrip("/"), timeout
+
+    def _post(self, path: str, body: bytes, content_type: str = "application/json") -> Any:
+        req = urllib.request.Request(self.base_url + path, data=body, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read() or b"null")
+        except OSError as e:
+            raise ConnectionError(f"vLLM server {self.base_url} did not answer {path} ({e}): start it with "
+                                  "`grpokit vllm-serve --model PATH` or fix "
+                                  "rollout.vllm_server_base_url") from None
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Sample]]:
+        body = json.dumps({"prompt_ids": [list(map(int, p)) for p in prompt_ids], "spec": asdict(spec)})
+        out = self._post("/generate", body.encode())
+        return [[Sample(s["token_ids"], s["logprobs"]) for s in group] for group in out["samples"]]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        blob = save({k: v.detach().cpu().contiguous().clone() for k, v in weights})   # no shared storage
+        self._post("/load_weights", blob, "application/octet-stream")
+
+    def sleep(self) -> None:          # the server owns its GPUs: nothing to free here
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+
+def rollout_from_samples(tokenizer, prompts: Sequence[Any], prompt_ids: torch.Tensor,
+                         prompt_mask: torch.Tensor, samples: list[list[Sample]], group_size: int,
+                         eos_ids: list[int]) -> Rollout:
+    """Assemble an engine's samples into a `Rollout` exactly as `sample_groups` lays one out.
+
+    Args:
+        prompts: B prompts; prompt_ids / prompt_mask: [B, P] left-padded (encode_prompts).
+        samples: per prompt, G samples.
+
+    Returns:
+        A Rollout with N = B * G rows; completions right-padded, masked after the first EOS,
+        sampling_logprobs [N, T] (0 on padding).
+    """
+    flat = [s for group in samples for s in group]
+    if any(len(g) != group_size for g in samples) or len(samples) != len(prompts):
+        raise ValueError(f"the engine returned {[len(g) for g in samples]} samples for {len(prompts)} "
+                         f"prompts; expected {group_size} each")
+    pad = tokenizer.pad_token_id
+    T = max(1, max(len(s.token_ids) for s in flat))
+    ids = torch.full((len(flat), T), pad, dtype=torch.long)                          # [N, T]
+    lps = torch.zeros(len(flat), T)                                                  # [N, T]
+    for i, s in enumerate(flat):
+        ids[i, :len(s.token_ids)] = torch.tensor(s.token_ids, dtype=torch.long)
+        lps[i, :len(s.logprobs)] = torch.tensor(s.logprobs, dtype=torch.float32)
+    mask, truncated = completion_mask_from_ids(ids, eos_ids)
+    lengths = torch.tensor([len(s.token_ids) for s in flat])
+    mask = mask * (torch.arange(T)[None, :] < lengths[:, None]).long()    # never past a sample's own end
+    ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad))
+    device = prompt_ids.device
+    return Rollout(
+        prompt_ids=prompt_ids.repeat_interleave(group_size, 0),
+        prompt_mask=prompt_mask.repeat_interleave(group_size, 0),
+        completion_ids=ids.to(device), completion_mask=mask.to(device),
+        group_ids=torch.arange(len(prompts), device=device).repeat_interleave(group_size),
+        completions=tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True),
+        prompts=[p for p in prompts for _ in range(group_size)], truncated=truncated.to(device),
+        group_size=group_size, sampling_logprobs=(lps * mask).to(device))
+
+
+class VLLMRollouts:
+    """The engine of a run and the step its weights belong to; `sample` keeps them in sync.
+
+    push_weights: whether this process pushes the policy's weights (colocated: every rank to its own
+    engine; server: rank 0 only, the other ranks wait at a barrier).
+    """
+
+    def __init__(self, engine: GenerationEngine, colocate: bool, push_weights: bool = True,
+                 synced_step: int = -1) -> None:
+        self.engine, self.colocate, self.push_weights, self.synced_step = (engine, colocate, push_weights,
+                                                                           synced_step)
+
+    def sample(self, state: Any, prompts: Sequence[Any]) -> Rollout:
+        """G completions for each prompt from the engine, holding the policy's weights of this step."""
+        r = state.cfg.rollout
+        if self.colocate:
+            self.engine.wake_up()
+        if self.synced_step != state.step:
+            if self.push_weights:
+                self.engine.load_weights(policy_weights(state.model))   # LoRA merged in
+            state.dist.barrier()          # server mode: nobody samples before rank 0 has pushed
+            self.synced_step = state.step
+        chat = [isinstance(p, list) for p in prompts]
+        texts = [state.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
+                                                     **state.cfg.task.chat_template_kwargs) if c else p
+                 for p, c in zip(prompts, chat)]
+        p_ids, p_mask = encode_prompts(state.tokenizer, texts, r.max_prompt_length, r.truncate_prompt,
+                                       add_special_tokens=not any(chat))
+        eos = eos_token_ids(state.model, state.tokenizer)
+        seed = int(torch.randint(0, 2**31 - 1, (1,)))   # from the run's RNG: reproducible and resumable
+        spec = SamplingSpec(r.num_generations, r.max_completion_length, r.temperature, r.top_p, r.top_k,
+                            tuple(eos), seed)
+        samples = self.engine.generate([row[m.bool()].tolist() for row, m in zip(p_ids, p_mask)], spec)
+        if self.colocate:
+            self.engine.sleep()
+        device = next(state.model.parameters()).device
+        return rollout_from_samples(state.tokenizer, prompts, p_ids.to(device), p_mask.to(device), samples,
+                                    r.num_generations, eos)
+
+
+def build_rollouts(state: Any) -> VLLMRollouts:
+    """The configured engine: a colocated vLLM started from the current policy, or the server client."""
+    r, m = state.cfg.rollout, state.cfg.model
+    if r.vllm_mode == "server":
+        return VLLMRollouts(ServerEngine(r.vllm_server_base_url), colocate=False,
+                            push_weights=state.dist.is_main)
+    require_vllm()
+    with tempfile.TemporaryDirectory(prefix="grpokit-vllm-") as folder:   # vLLM starts from a plain HF folder
+        save_plain_folder(state.model, state.tokenizer, Path(folder))
+        engine = VLLMEngine(folder, dtype=m.dtype, seed=state.cfg.run.seed,
+                            max_model_len=r.max_prompt_length + r.max_completion_length,
+                            gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+                            kv_cache_gib=r.vllm_kv_cache_gib, cpu_threads=r.vllm_cpu_threads,
+                            enforce_eager=r.vllm_enforce_eager)
+    return VLLMRollouts(engine, colocate=True, synced_step=state.step)
+
+
+def save_plain_folder(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
+    """The policy as a folder vLLM loads: config, one safetensors file (LoRA merged), the tokenizer."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.config.save_pretrained(folder)
+    save_file({k: v.detach().cpu().contiguous().clone() for k, v in policy_weights(model)},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(folder)
+
+
+def vllm_sample(state: Any, prompts: Sequence[Any]) -> Rollout:
+    """rollout.backend=vllm: this rank's prompts sampled by the run's engine (built on first use)."""
+    if state.rollout_engine is None:
+        state.rollout_engine = build_rollouts(state)
+    return state.rollout_engine.sample(state, prompts)

@@ -1,0 +1,83 @@
+"""[A] + [B] for one step: the prompts sampled into groups and scored, with DAPO's dynamic sampling.
+
+`collect_batch` takes this rank's B prompts from the stream, samples G completions each
+(`grpokit.rollout.groups.sample_groups`, or the vLLM engine) and scores them (`grpokit.rewards.scoring`); with
+rollout.dynamic_sampling, groups whose rewards are all equal are dropped and new prompts sampled.
+GRPO's `train_step` and PPO's `ppo_train_step` both start here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grpokit.observe.metrics import PhaseTimer
+from grpokit.rewards.scoring import REWARDS, reward_kwargs, score_responses, token_char_ends
+from grpokit.rollout.groups import merge_kept_groups, sample_groups
+from grpokit.rollout.vllm_backend import vllm_sample
+from grpokit.train.state import TrainState
+
+
+def _reward_columns(examples: list, group_size: int) -> dict[str, list]:
+    keys = examples[0].columns.keys() if examples else []
+    return {k: [ex.columns.get(k) for ex in examples for _ in range(group_size)] for k in keys}
+
+
+def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
+    """[A] + [B] for one set of prompts: (rollout, reward batch, correctness [N] or None)."""
+    cfg, r = state.cfg, state.cfg.rollout
+    prompts = [ex.prompt for ex in examples]
+    with timer("generate"), state.dist.unsharded(state.model):
+        # vllm: another engine samples (grpokit.rollout.vllm_backend); the same Rollout contract
+        if r.backend == "vllm":
+            rollout = vllm_sample(state, prompts)
+        else:
+            rollout = sample_groups(state.model, state.tokenizer, prompts, r.num_generations,
+                                    r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
+                                    top_k=r.top_k, max_prompt_length=r.max_prompt_length,
+                                    truncate_prompt=r.truncate_prompt, backend=r.backend,
+                                    generation_batch_size=r.generation_batch_size,
+                                    chat_template_kwargs=cfg.task.chat_template_kwargs)
+    with timer("reward"):
+        columns = _reward_columns(examples, r.num_generations)
+        ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
+        extra: dict[str, Any] = dict(completion_ids=ids, **reward_kwargs(cfg), **state.reward_hooks)
+        if any(getattr(fn, "process", False) for _, fn, _ in state.reward_funcs):
+            extra["completion_char_ends"] = [token_char_ends(state.tokenizer, row) for row in ids]
+        scores = score_responses(state.reward_funcs, rollout.prompts, rollout.completions, columns,
+                                 reward_errors=cfg.reward.reward_errors, **extra)
+        if state.reward_loop is not None:  # the RM's next training data, labeled by the verifier
+            state.reward_loop.record(rollout, columns)
+        correct = scores.per_func.get("accuracy")
+        if correct is None and "answer" in columns:
+            acc = REWARDS["accuracy"](rollout.prompts, rollout.completions, **columns)
+            correct = torch.tensor([float("nan") if a is None else float(a) for a in acc])
+    return rollout, scores, correct
+
+
+def collect_batch(state: TrainState, timer: PhaseTimer):
+    """Prompts for one step, sampled and scored; with dynamic sampling (DAPO), groups whose rewards
+    are all equal are dropped and new prompts sampled, at most `max_resample_rounds` extra rounds."""
+    cfg = state.cfg
+    B, G = cfg.rollout.prompts_per_step // state.dist.world_size, cfg.rollout.num_generations  # this rank's B
+    rollout, scores, correct = generate_and_score(state, state.stream.take(B), timer)
+    info: dict[str, float] = {}
+    if not cfg.rollout.dynamic_sampling:
+        return rollout, scores, correct, info
+    parts, dropped, extra_gens, rounds = [], 0, 0, 0
+    while True:
+        std = torch.nan_to_num(scores.total.view(-1, G), nan=0.0).std(-1)  # [groups]
+        keep = (std > 1e-8).nonzero().squeeze(-1).tolist()
+        dropped += (scores.total.numel() // G) - len(keep)
+        parts.append((rollout, scores, correct, keep))
+        have = sum(len(k) for *_, k in parts)
+        if state.dist.all_true(have >= B or rounds >= cfg.rollout.max_resample_rounds):  # ranks in lock-step
+            break
+        rounds += 1
+        extra_gens += B * G
+        rollout, scores, correct = generate_and_score(state, state.stream.take(B), timer)
+    rollout, scores, correct = merge_kept_groups(parts, B, G, state.tokenizer.pad_token_id)
+    info = {"dynamic/groups_dropped": float(dropped), "dynamic/extra_generations": float(extra_gens),
+            "dynamic/groups_kept": float(rollout.group_ids.numel() // G)}
+    return rollout, scores, correct, info

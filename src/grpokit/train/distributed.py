@@ -1,0 +1,359 @@
+"""A thin layer over torch.distributed: data parallel (DDP) or sharded (FSDP2) training.
+
+    torchrun --nproc_per_node N -m grpokit train cfg.yaml      # or: accelerate launch -m grpokit train ...
+
+Both launchers set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `Distributed.from_env`
+reads them and opens the process group (NCCL on GPUs, gloo on CPU). Without them (world size W = 1)
+every method returns its input and no collective runs: the single-process path is unchanged.
+
+How one step of B prompts x G completions is split over W ranks:
+
+    data     every rank walks the same seeded prompt order; of each draw of B prompts, rank r keeps
+             prompts [r*B/W, (r+1)*B/W). Groups are therefore whole on one rank, so a group's mean and
+             std are local and exact, and no reward crosses ranks for them. (The other option,
+             all-gathering rewards before group statistics, moves N floats per step for nothing when no
+             group straddles ranks.) Only scale_rewards=batch needs a batch statistic: for it the
+             rewards are all-gathered, advantages computed on the whole batch, each rank keeps its rows.
+    loss     the normalizers are global: N_seq = sum_r N_r, N_tok = sum_r N_tok,r (dapo), and the
+             micro-batch count (bnpo). Rank r's loss L_r = sum_{rows of r} (...) / N_global, so
+             sum_r L_r is the one-process loss. DDP (and FSDP) average gradients, (1/W) sum_r grad L'_r,
+             so each rank back-propagates L'_r = W * L_r: the average is the global-batch gradient.
+    metrics  sums are all-reduced before they are divided; batch statistics (reward mean/std, lengths,
+             advantages) are computed on all-gathered per-completion values. Every logged figure is
+             the global one.
+    I/O      only rank 0 writes metrics, evaluates and saves; checkpoints carry every rank's RNG state.
+
+FSDP (run.fsdp=true) shards parameters, gradients and optimizer state with PyTorch FSDP2
+`fully_shard` (one unit per decoder layer plus the root). Generation and evaluation run with the
+parameters gathered (`unsharded`), and checkpoints are sharded (torch.distributed.checkpoint, one file
+set per rank) and turned into a save_pretrained folder by
+`grpokit.train.fsdp_checkpoint.consolidate_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as tdist
+
+from grpokit.errors import ConfigError
+from grpokit.model.logprobs import per_token_logprobs
+from grpokit.train import checkpoint
+from grpokit.train.fsdp_checkpoint import resume_sharded, save_sharded
+
+log = logging.getLogger("grpokit")
+
+
+class LogprobsForward(torch.nn.Module):
+    """The policy's per-token log-probs as one `forward`, so DDP / FSDP hooks see the whole computation.
+
+    `per_token_logprobs` calls the decoder and the lm-head weight directly (chunked head); wrapping it in
+    a module makes that one forward call of the wrapper, which is what DDP and FSDP instrument.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
+                temperature: float = 1.0, **kw: Any):
+        return per_token_logprobs(self.model, input_ids, attention_mask, completion_length,
+                                  temperature=temperature, **kw)
+
+
+class ShardedStream:
+    """Rank r's view of a shared `PromptStream`: take(n) draws n * W prompts and keeps slice r.
+
+    Every rank holds the same stream (same seed), so the cursor (the count of prompts drawn by all
+    ranks together) is the same everywhere and a checkpoint of it resumes every rank.
+    """
+
+    def __init__(self, stream: Any, rank: int, world_size: int) -> None:
+        self.stream, self.rank, self.world_size = stream, rank, world_size
+
+    @property
+    def cursor(self) -> int:
+        return self.stream.cursor
+
+    @cursor.setter
+    def cursor(self, value: int) -> None:
+        self.stream.cursor = value
+
+    @property
+    def examples(self) -> Sequence[Any]:
+        return self.stream.examples
+
+    def take(self, n: int) -> list:
+        """This rank's n prompts of the next n * W (whole groups: each prompt's G completions stay here)."""
+        drawn = self.stream.take(n * self.world_size)
+        return drawn[self.rank * n:(self.rank + 1) * n]
+
+
+@dataclass
+class Distributed:
+    """Rank, world size and the collectives the trainer needs; a no-op for one process."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    fsdp: bool = False
+    _wrappers: dict[int, torch.nn.Module] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_env(cls, fsdp: bool = False, env: dict[str, str] | None = None) -> "Distributed":
+        """Read the launcher's environment and open the process group when WORLD_SIZE > 1.
+
+        Backend: NCCL when CUDA is available (one GPU per rank: cuda:LOCAL_RANK), gloo on CPU.
+        """
+        env = dict(os.environ if env is None else env)
+        world = int(env.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls(fsdp=False)
+        rank, local = int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", env.get("RANK", "0")))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(local)   # "cuda" now means this rank's GPU (models.resolve_device)
+        if not tdist.is_initialized():
+            tdist.init_process_group(backend, rank=rank, world_size=world,
+                                     timeout=datetime.timedelta(minutes=30))
+        return cls(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local,
+                   backend=backend, fsdp=fsdp)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that logs, evaluates and saves."""
+        return self.rank == 0
+
+    @property
+    def grad_scale(self) -> float:
+        """Factor on each rank's loss so that the averaged gradient is the global-batch one (W)."""
+        return float(self.world_size)
+
+    def check(self, prompts_per_step: int) -> None:
+        """Raise a one-line error when the B prompts of a step cannot be split evenly over the ranks."""
+        if prompts_per_step % self.world_size:
+            raise ConfigError(f"rollout.prompts_per_step ({prompts_per_step}) must be divisible by the "
+                              f"number of ranks ({self.world_size}): each rank takes whole groups")
+
+    def seed(self, seed: int) -> None:
+        """Give rank r > 0 its own sampling stream (rank 0 keeps the one-process stream)."""
+        if self.rank > 0:
+            torch.manual_seed(seed + 1_000_003 * self.rank)
+
+    # ---- collectives (identity for one process) --------------------------------------------------
+    def barrier(self) -> None:
+        if self.enabled:
+            tdist.barrier()
+
+    def _device(self) -> torch.device:
+        return (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
+                else torch.device("cpu"))
+
+    def sum(self, value: float) -> float:
+        """The sum of a number over ranks."""
+        if not self.enabled:
+            return float(value)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self._device())
+        tdist.all_reduce(t)
+        return float(t)
+
+    def all_true(self, flag: bool) -> bool:
+        """True on every rank when flag is true on every rank (keeps loops in lock-step)."""
+        return self.sum(0.0 if flag else 1.0) == 0.0 if self.enabled else bool(flag)
+
+    def reduce_sums(self, sums: dict[str, Any]) -> dict[str, float]:
+        """{name: per-rank sum} -> {name: global sum}, in one all-reduce."""
+        keys = sorted(sums)
+        if not keys:
+            return {}
+        vals = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64, device=self._device())
+        if self.enabled:
+            tdist.all_reduce(vals)
+        return dict(zip(keys, vals.tolist()))
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate x over ranks along dim 0; sizes may differ, other dims are zero-padded to the max."""
+        if not self.enabled:
+            return x
+        dev = self._device()
+        shape = torch.tensor(list(x.shape), dtype=torch.long, device=dev)
+        shapes = [torch.zeros_like(shape) for _ in range(self.world_size)]
+        tdist.all_gather(shapes, shape)
+        big = torch.stack(shapes).max(0).values.tolist()
+        pad = []
+        for d in reversed(range(1, x.dim())):
+            pad += [0, big[d] - x.shape[d]]
+        src = x.to(torch.uint8) if x.dtype == torch.bool else x           # gloo has no bool all-gather
+        src = torch.nn.functional.pad(src, pad) if pad else src
+        src = torch.nn.functional.pad(src, [0, 0] * (x.dim() - 1)
+                                      + [0, big[0] - x.shape[0]]).to(dev).contiguous()
+        parts = [torch.empty_like(src) for _ in range(self.world_size)]
+        tdist.all_gather(parts, src)
+        out = torch.cat([p[:int(s[0])] for p, s in zip(parts, shapes)]).to(x.device)
+        return out.bool() if x.dtype == torch.bool else out
+
+    def gather_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, slice]:
+        """(x of all ranks concatenated along dim 0, the rows of this rank in it)."""
+        if not self.enabled:
+            return x, slice(0, x.shape[0])
+        sizes = self.gather_object(int(x.shape[0]))
+        start = sum(sizes[:self.rank])
+        return self.gather(x), slice(start, start + int(x.shape[0]))
+
+    def gather_object(self, obj: Any) -> list:
+        """[obj of rank 0, ..., obj of rank W-1] on every rank (pickled; for small things)."""
+        if not self.enabled:
+            return [obj]
+        out: list = [None] * self.world_size
+        tdist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        """Destroy the process group (call once at the end of a distributed run)."""
+        if self.enabled and tdist.is_initialized():
+            tdist.destroy_process_group()
+
+    # ---- data and models ------------------------------------------------------------------------
+    def shard_stream(self, stream: Any) -> Any:
+        """The stream this rank takes its prompts from (the stream itself for one process)."""
+        return ShardedStream(stream, self.rank, self.world_size) if self.enabled else stream
+
+    def prepare(self, model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
+        """Wrap the model for data-parallel (DDP) or sharded (FSDP2) training; returns the same object.
+
+        The model itself is kept (save_pretrained, generation and the config stay reachable); the
+        wrapper, kept here, is what `logprobs_fn` calls. DDP broadcasts rank 0's weights at wrap time.
+        """
+        if not self.enabled:
+            return model
+        wrapper = LogprobsForward(model)
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+            for layer in getattr(decoder, "layers", []):
+                fully_shard(layer)
+            fully_shard(wrapper)
+            with torch.no_grad():  # one root forward: FSDP initializes the root before any layer runs alone
+                ids = torch.zeros(1, 2, dtype=torch.long, device=next(model.parameters()).device)
+                wrapper(ids, torch.ones_like(ids), 1)
+            # the root keeps its weights gathered after forward: shard them before the optimizer
+            wrapper.reshard()
+        elif trainable:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.local_rank] if self.backend == "nccl" else None
+            wrapper = DistributedDataParallel(wrapper, device_ids=ids)
+        else:
+            return model                 # a frozen replica needs no wrapper under DDP
+        self._wrappers[id(model)] = wrapper
+        return model
+
+    def logprobs_fn(self, model: torch.nn.Module) -> Callable[..., Any]:
+        """A `per_token_logprobs`-compatible function that runs `model` through its DDP/FSDP wrapper."""
+        wrapper = self._wrappers.get(id(model))
+        if wrapper is None:
+            return per_token_logprobs
+
+        def fn(m, input_ids, attention_mask, completion_length, temperature=1.0, **kw):
+            if not (self.fsdp or torch.is_grad_enabled()):   # DDP: no-grad passes need no hooks
+                return per_token_logprobs(m, input_ids, attention_mask, completion_length,
+                                          temperature=temperature, **kw)
+            return wrapper(input_ids, attention_mask, completion_length, temperature, **kw)
+
+        return fn
+
+    def sync_grads(self, model: torch.nn.Module, sync: bool) -> None:
+        """Set before a micro-batch's forward: its backward reduces gradients over ranks only when `sync`
+        (the last micro-batch); earlier ones accumulate locally (what DDP's no_sync() sets)."""
+        wrapper = self._wrappers.get(id(model))
+        if wrapper is not None and not self.fsdp:   # FSDP reduce-scatters every micro-batch (sums add up)
+            wrapper.require_backward_grad_sync = sync
+
+    @contextlib.contextmanager
+    def unsharded(self, model: torch.nn.Module) -> Iterator[None]:
+        """FSDP: gather the full parameters for generation / evaluation (every rank enters together);
+        inside, each rank may run any number of forwards. A no-op without FSDP."""
+        wrapper = self._wrappers.get(id(model)) if self.fsdp else None
+        if wrapper is None:
+            yield
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        layers = [m for m in wrapper.modules() if isinstance(m, FSDPModule) and m is not wrapper]
+        for m in [wrapper, *layers]:
+            m.unshard()
+        for m in layers:  # the root never reshards after forward; its setting must stay untouched
+            m.set_reshard_after_forward(False, recurse=False)
+        try:
+            yield
+        finally:
+            for m in layers:
+                m.set_reshard_after_forward(True, recurse=False)
+            for m in [wrapper, *layers]:
+                m.reshard()   # parameters are the sharded DTensors again (those the optimizer holds)
+
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's weights on rank 0 ({} on other ranks under FSDP); a collective under FSDP."""
+        if not (self.fsdp and id(model) in self._wrappers):
+            return model.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self, state: Any, out_dir: str | Path, metrics_row: dict | None = None) -> None:
+        """checkpoint-<step> with every rank's RNG state (state.rank_rng): rank 0 writes it, DDP replicas
+        being equal; under FSDP every rank writes its shards (`save_sharded`)."""
+        if not self.enabled:
+            checkpoint.save_checkpoint(state, out_dir, metrics_row=metrics_row)
+            return
+        state.rank_rng = self.gather_object(checkpoint.rng_state())
+        if self.fsdp:
+            save_sharded(self, state, Path(out_dir))
+        elif self.is_main:
+            checkpoint.save_checkpoint(state, out_dir, metrics_row=metrics_row)
+        self.barrier()
+
+    def resume(self, state: Any, out_dir: str | Path) -> bool:
+        """Load the newest checkpoint on every rank when run.resume is set (see checkpoint.py)."""
+        if self.fsdp and self.enabled:
+            return resume_sharded(self, state, Path(out_dir))
+        resumed = False
+        for turn in ((0, 1) if self.enabled else (0,)):   # rank 0 first: it alone repairs the logs
+            if (turn == 0) == self.is_main:
+                resumed = checkpoint.resume_if_requested(state, Path(out_dir))
+            self.barrier()
+        return resumed
+
+    def save_pretrained(self, state: Any, out_dir: str | Path) -> Path:
+        """The final save_pretrained folder, written by rank 0 from the full weights."""
+        out = Path(out_dir)
+        weights = self.full_state_dict(state.model)          # collective under FSDP: every rank calls it
+        if self.is_main:
+            with checkpoint.written_aside(out) as tmp:       # then renamed to out
+                state.model.save_pretrained(tmp, state_dict=weights)
+                state.tokenizer.save_pretrained(tmp)
+                (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
+        self.barrier()
+        return out
+
+
+class Silent:
+    """Stands in for the metrics writer and loggers on ranks other than 0: every call does nothing."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None

@@ -1,0 +1,225 @@
+"""[H] The GRPO loop: `train_grpo` builds the state, then runs `train_step` ([G], step.py) every step.
+
+Around the step: evaluation before, during and after (evaluate.py), checkpoints every run.save_steps
+(checkpoint.py, or distributed.py with several ranks), one metrics.jsonl row per step, trackers and
+callbacks, Algorithm 1's outer loop (reward-model continual training and a reference reset, iterative.py),
+and the final model saved with save_pretrained into run.output_dir/final.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from grpokit.config.schema import GRPOConfig
+from grpokit.model.loading import load_model_and_tokenizer
+from grpokit.model.lora import is_peft_model, reference_for, save_lora
+from grpokit.model.precision import apply_precision, reference_storage
+from grpokit.observe.loggers import build_loggers, resolve_report_to
+from grpokit.observe.metrics import MetricsWriter, PhaseTimer, finish_step_row, format_console
+from grpokit.observe.model_card import write_model_card
+from grpokit.observe.tracking import Tracker
+from grpokit.rewards.scoring import build_reward_funcs
+from grpokit.tasks import TaskError, load_examples
+from grpokit.train import checkpoint, run_dir
+from grpokit.train.callbacks import TrainHooks
+from grpokit.train.data import PromptStream
+from grpokit.train.distributed import Distributed, Silent
+from grpokit.train.evaluate import evaluate
+from grpokit.train.iterative import RewardLoop
+from grpokit.train.ppo import build_critic
+from grpokit.train.preflight import check_environment, check_prompts
+from grpokit.train.state import TrainState, make_optimizer
+from grpokit.train.step import step_function
+
+log = logging.getLogger("grpokit")
+
+
+def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
+                eval_examples: list | None = None, reward_funcs: list | None = None) -> TrainState:
+    """Load the policy (or take the given one), its frozen reference (only when beta > 0), data, rewards.
+
+    train_examples / eval_examples: objects with .prompt, .answer, .columns (grpokit.tasks.Example);
+    when None they come from the configured task. reward_funcs: (name, fn, weight) triples; None: from
+    cfg.reward.funcs.
+    """
+    dist = Distributed.from_env(cfg.run.fsdp)  # torchrun / accelerate launch: N ranks; else a no-op
+    dist.check(cfg.rollout.prompts_per_step)
+    torch.manual_seed(cfg.run.seed)
+    if model is None:
+        model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
+    # fp32, or bf16 compute on fp32 master weights (logged)
+    apply_precision(model, cfg)
+    # beta = 0: no reference at all; LoRA: the base with adapters disabled (no copy of the weights)
+    ref = reference_storage(reference_for(model), model) if cfg.loss.beta > 0 else None
+    dist.prepare(model)                                      # DDP or FSDP2 (same object back)
+    if ref is not None:
+        dist.prepare(ref, trainable=False)                   # sharded under FSDP, a plain replica under DDP
+    dist.seed(cfg.run.seed)                                  # rank r > 0: its own sampling stream
+    optimizer, scheduler = make_optimizer(model, cfg)
+    train = train_examples if train_examples is not None else load_examples(cfg.task, cfg.task.train_split)
+    evals = eval_examples if eval_examples is not None else (
+        load_examples(cfg.task, cfg.task.eval_split) if cfg.run.eval_limit != 0 else [])
+    if len(train) < cfg.rollout.prompts_per_step:
+        raise TaskError(f"the training split has {len(train)} examples, fewer than one batch "
+                        f"(rollout.prompts_per_step={cfg.rollout.prompts_per_step}): add data or lower "
+                        "rollout.prompts_per_step")
+    critic = None
+    if cfg.loss.algorithm == "ppo":  # the comparison baseline: a value model initialised from the policy
+        critic = build_critic(model, cfg)
+    funcs = reward_funcs or build_reward_funcs(cfg, next(model.parameters()).device)
+    # Algorithm 1: trains the rm: reward in place
+    loop = RewardLoop(cfg, funcs) if cfg.run.iterations else None
+    return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs,
+                      dist.shard_stream(PromptStream(train, cfg.run.seed)), evals, critic=critic, dist=dist,
+                      reward_loop=loop)
+
+
+def save_final(state: TrainState, out_dir: str | Path) -> Path:
+    """save_pretrained folder (model + tokenizer + grpokit_config.json) that plain transformers loads."""
+    if state.dist.enabled:  # several ranks: rank 0 writes the full weights (gathered from shards under FSDP)
+        return state.dist.save_pretrained(state, out_dir)
+    out = Path(out_dir)
+    with checkpoint.written_aside(out) as tmp:   # then renamed to out: a kill leaves no half export
+        if is_peft_model(state.model):  # LoRA: the adapter here, a merged plain model in out/merged
+            state.tokenizer.save_pretrained(save_lora(state.model, tmp))
+        else:
+            state.model.save_pretrained(tmp)
+        state.tokenizer.save_pretrained(tmp)
+        (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
+        write_model_card(tmp, state.cfg, state.cfg.run.output_dir, {n: w for n, _, w in state.reward_funcs})
+    return out
+
+
+def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
+               eval_examples: list | None = None, hooks: dict[str, Callable] | None = None,
+               callbacks: TrainHooks | list | None = None, reward_funcs: list | None = None) -> TrainState:
+    """[H] The GRPO loop: fresh samples every step, one metrics.jsonl row per step, evaluation before
+    and after (when run.eval_limit != 0), checkpoints every run.save_steps, the final model saved with
+    save_pretrained into run.output_dir/final.
+
+    hooks (tests only): {"after_step": fn(state, metrics)}. callbacks: transformers-style TrainerCallbacks
+    (or a `grpokit.train.callbacks.TrainHooks`); reward_funcs: (name, fn, weight) triples instead of cfg's.
+    """
+    from tqdm import tqdm
+
+    hooks = hooks or {}
+    out_dir = Path(cfg.run.output_dir)
+    resolve_report_to(cfg.run.report_to)  # a missing tracker package fails now, not after loading the model
+    check_environment(cfg)                 # the device and optional packages too (grpokit.train.preflight)
+    dist = Distributed.from_env(cfg.run.fsdp)  # several ranks: only rank 0 writes, evaluates and saves
+    if dist.is_main:
+        run_dir.check_output_dir(cfg)   # refuse a busy or unwritable folder now, deleting nothing
+    else:
+        log.setLevel(logging.WARNING)
+    state = build_state(cfg, model, tokenizer, train_examples=train_examples, eval_examples=eval_examples,
+                        reward_funcs=reward_funcs)
+    check_prompts(cfg, state.tokenizer, state.stream.examples, state.eval_examples)  # chat template, lengths
+    events = callbacks if isinstance(callbacks, TrainHooks) else TrainHooks(cfg, callbacks)
+    state.reward_hooks = events.reward_kwargs()
+    if dist.is_main:  # everything loaded: only now may --overwrite clear the previous run
+        run_dir.prepare_output_dir(cfg)
+    dist.barrier()
+    resumed = state.dist.resume(state, out_dir)
+    main = state.dist.is_main
+    if main:
+        (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    writer = MetricsWriter(out_dir / "metrics.jsonl", start_step=state.step) if main else Silent()
+    loggers = (build_loggers(cfg.run.report_to, out_dir, cfg.to_dict(), start_step=state.step)
+               if main else Silent())
+    tracker = (Tracker.from_config(cfg, out_dir, state.step, state.stream.examples, loggers)
+               if main else Silent())
+    events.train_begin(state)
+    if not resumed and state.eval_examples:
+        loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, "before")))
+    timer = PhaseTimer()
+    step = step_function(cfg)  # GRPO's train_step, or PPO's (the critic baseline): chosen once, here
+    bar = tqdm(total=cfg.run.max_steps, initial=state.step, disable=not (cfg.run.progress and main),
+               desc="grpo", dynamic_ncols=True)
+    try:
+        while state.step < cfg.run.max_steps:
+            # phases inside: generate reward ref_forward old_forward advantage update save log
+            with timer("step"):
+                metrics = step(state, timer, tracker)
+                if state.reward_loop is not None and state.reward_loop.at_boundary(state.step):
+                    with timer("reward_model"):  # Algorithm 1: RM continual training, reference <- policy
+                        row = state.reward_loop.end_iteration(state, out_dir if main else None)
+                    metrics.update({f"iteration/{k}": v for k, v in row.items() if k != "step"})
+                with timer("save"):
+                    if (cfg.run.save_steps and state.step % cfg.run.save_steps == 0
+                            and state.bad_steps < cfg.run.max_bad_steps):
+                        # the row is written after the save: the checkpoint keeps it for a kill in between
+                        # one process: checkpoint.py
+                        state.dist.save_checkpoint(state, out_dir, metrics_row=metrics)
+                        events.save(out_dir / f"checkpoint-{state.step}")
+                with timer("log"):
+                    _log_step(state, metrics, timer, writer=writer, loggers=loggers, bar=bar, events=events)
+            timer.pop()
+            if "after_step" in hooks:
+                hooks["after_step"](state, metrics)
+            if events.step_end(state, metrics):  # a callback set control.should_training_stop
+                break
+            _stop_on_bad_steps(state, out_dir)
+            if (cfg.run.eval_steps and state.eval_examples and state.step % cfg.run.eval_steps == 0
+                    and state.step < cfg.run.max_steps):   # eval_limit = 0: nothing to evaluate, skip
+                loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, f"step{state.step}")))
+        if state.eval_examples:
+            loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, "after")))
+    finally:
+        bar.close()
+        tracker.finish()
+        loggers.close()
+    writer.close()
+    save_final(state, out_dir / "final")
+    events.train_end(state)
+    return state
+
+
+def _log_step(state: TrainState, metrics: dict, timer: PhaseTimer, *, writer, loggers, bar, events) -> None:
+    """One step's row: metrics.jsonl, the trackers, the progress bar and, every logging_steps, a console
+    line."""
+    from tqdm import tqdm
+
+    finish_step_row(metrics, timer)  # time/<phase> so far, tokens/s, peak memory
+    metrics.update(events.step_metrics())  # what reward functions sent to log_metric
+    writer.write({**metrics, **events.step_extras()})
+    loggers.log(metrics, state.step)
+    bar.update(1)
+    bar.set_postfix_str(format_console(metrics, short=True))
+    if state.step % state.cfg.run.logging_steps == 0:
+        line = f"step {state.step} {format_console(metrics)}"
+        if state.cfg.run.progress and state.dist.is_main:
+            tqdm.write(line)  # above the progress bar
+        else:
+            log.info(line)
+
+
+def _stop_on_bad_steps(state: TrainState, out_dir: Path) -> None:
+    """run.max_bad_steps non-finite updates in a row end the run, naming the last good checkpoint."""
+    if state.bad_steps < state.cfg.run.max_bad_steps:
+        return
+    good = checkpoint.list_checkpoints(out_dir)
+    raise FloatingPointError(
+        f"{state.bad_steps} non-finite updates in a row (run.max_bad_steps): lower "
+        f"optim.learning_rate or check the rewards; last good checkpoint: "
+        f"{good[-1] if good else f'none (run.save_steps={state.cfg.run.save_steps})'}")
+
+
+def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:
+    """Greedy held-out evaluation; appended to eval.jsonl and logged (rank 0 only; {} on other ranks)."""
+    cfg = state.cfg
+    with state.dist.unsharded(state.model):  # FSDP: every rank gathers the weights, rank 0 evaluates
+        if not state.dist.is_main:
+            return {}
+        result = evaluate(state.model, state.tokenizer, state.eval_examples, cfg, limit=cfg.run.eval_limit,
+                          reward_funcs=state.reward_funcs, reward_extra=state.reward_hooks)
+    row = {"tag": tag, "step": state.step, **result}
+    with open(Path(cfg.run.output_dir) / "eval.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+    log.info("eval %s (step %d): %s", tag, state.step,
+             " ".join(f"{k}={v:.4g}" for k, v in result.items() if isinstance(v, float)))
+    return row

@@ -1,0 +1,143 @@
+"""[G] One GRPO step: `train_step` (DeepSeekMath, Shao et al. 2024, section 4.1 and Algorithm 1's inner loop).
+
+Every step, with fresh generations from the current policy:
+
+    1. [A] sample   : G completions per prompt                          sample_groups
+    2. [B] score    : r_i = sum_k w_k * reward_k(prompt, completion_i)  score_responses
+    3. [D] ref      : log pi_ref per token (frozen; skipped when beta=0) per_token_logprobs
+    4. [C] advantage: A_i = (r_i - mean(r_group)) / std(r_group)       group_advantages
+    5. [E-F] update : mu times, minimize -(clipped surrogate - beta * k3 KL), per token,
+                      averaged per completion then over completions     grpo_objective_from_logprobs
+    6. log          : the step's metrics (written by the loop, grpokit.train.loop)
+
+Choices, all from the config: the loss variants live in core/loss.py and core/advantages.py as named
+switches; this file only wires the phases together, each inside a named timer. Steps 1-2 are
+`collect_batch` (collect.py); step 5 is `policy_update` (update.py), and the weights move in
+`update.optimizer_step` (clip, `optimizer.step()`, schedule step); the state a step reads and writes is
+`TrainState` (state.py). The loop picks the step once (`step_function`): this GRPO step, or the PPO
+baseline's `grpokit.train.ppo.ppo_train_step`. The optional CPU speed-ups are on for a step's passes
+through one line, `with fast.accelerated(...)` (grpokit.fast).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+import torch
+
+from grpokit import fast
+from grpokit.config.schema import GRPOConfig
+from grpokit.core.advantages import group_advantages, process_advantages
+from grpokit.core.loss import k3_kl
+from grpokit.model.loading import sync_reference
+from grpokit.observe.metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
+from grpokit.rollout.groups import Rollout
+from grpokit.train.collect import collect_batch
+from grpokit.train.distributed import Distributed
+from grpokit.train.ppo import ppo_train_step
+from grpokit.train.state import TrainState
+from grpokit.train.update import forward_logprobs, policy_update, skip_update
+
+log = logging.getLogger("grpokit")
+
+
+def compute_advantages(cfg: GRPOConfig, rollout: Rollout, rewards: torch.Tensor,
+                       step_rewards, dist: Distributed | None = None) -> torch.Tensor:
+    """[C] outcome advantages [N], plus process advantages [N, T] when a process reward is configured.
+
+    With several ranks, groups are whole on each rank; the rewards of all ranks are gathered so that
+    scale_rewards=batch divides by the whole batch's std, and this rank keeps its rows.
+    """
+    G = rollout.group_size
+    full, mine = (dist or Distributed()).gather_rows(rewards)                      # [N_all], this rank's rows
+    adv = group_advantages(full, G, scale_rewards=cfg.loss.scale_rewards)[mine]    # [N]
+    if step_rewards is not None:
+        T = rollout.completion_ids.shape[1]
+        adv = adv[:, None] + process_advantages(step_rewards, G, T)                # [N, T]
+    return adv.to(rollout.completion_ids.device)
+
+
+def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None) -> dict[str, float]:
+    """[G] One GRPO step on fresh generations; returns this step's metrics.
+
+    tracker: an optional `grpokit.observe.tracking.Tracker` (completions log, per-prompt history).
+    """
+    cfg, lo = state.cfg, state.cfg.loss
+    if lo.algorithm == "ppo":
+        raise ValueError("loss.algorithm=ppo: run grpokit.train.ppo.ppo_train_step on this state "
+                         "(train_grpo picks it: step_function)")
+    timer = timer or PhaseTimer()
+    # Every optional CPU speed-up (C kernels, fused ops, activation reuse: grpokit.fast) is on for this
+    # step's passes only; outside this block, and with it left out, the step is plain PyTorch.
+    with fast.accelerated(state.model, cfg, ref_model=state.ref_model, world_size=state.dist.world_size,
+                         timer=timer):
+        rollout, scores, correct, info = collect_batch(state, timer)
+        loss_mask = rollout.completion_mask.float()
+        if lo.mask_truncated_completions:
+            loss_mask = loss_mask * (~rollout.truncated).float()[:, None]  # no EOS: no loss
+        # the update's micro-batch plan: reuse the sampler's record? decided once, here,
+        # so a record that won't pay is freed before the passes
+        with timer("update"):
+            fast.decide_reuse(state, rollout)
+        ref_lp = old_lp = None
+        if state.ref_model is not None:
+            with timer("ref_forward"):
+                ref_lp = forward_logprobs(state.ref_model, rollout, cfg,
+                                          state.dist.logprobs_fn(state.ref_model))
+        if lo.num_iterations > 1:
+            with timer("old_forward"):
+                old_lp = forward_logprobs(state.model, rollout, cfg,
+                                          state.dist.logprobs_fn(state.model))  # once per batch
+        rewards = scores.total
+        with timer("advantage"):
+            if lo.kl_in_reward and ref_lp is not None:
+                base = old_lp if old_lp is not None else forward_logprobs(state.model, rollout, cfg,
+                                                                          state.dist.logprobs_fn(state.model))
+                seq_kl = (k3_kl(base, ref_lp) * rollout.completion_mask).sum(-1)  # [N]
+                rewards = rewards - lo.beta * seq_kl.to(rewards.device)
+            if torch.isinf(rewards).any():  # NaN marks a skipped score; inf is a broken reward function
+                raise FloatingPointError("rewards contain inf: check the reward functions")
+            advantages = compute_advantages(cfg, rollout, rewards.cpu(), scores.step_rewards, state.dist)
+        skipped_before = state.skipped_updates
+        with timer("update"):
+            if state.dist.all_true(bool(torch.isfinite(advantages).all())):  # every rank updates, or none
+                upd = policy_update(state, rollout, advantages, old_lp=old_lp, ref_lp=ref_lp,
+                                    loss_mask=loss_mask, timer=timer)
+            else:  # checked before the update: NaN advantages would poison every weight
+                upd = {"grad_norm": skip_update(state)}
+    if state.skipped_updates > skipped_before:
+        _log_bad_batch(state, rollout, "loss or gradient" if "loss" in upd else "advantages")
+    if (lo.ref_model_sync_steps and state.ref_model is not None
+            and (state.step + 1) % lo.ref_model_sync_steps == 0):
+        sync_reference(state.ref_model, state.model, lo.ref_model_mixup_alpha)
+    state.step += 1
+    with timer("log"):
+        adv_flat = (advantages if advantages.dim() == 1
+                    else (advantages * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1))
+        g = state.dist.gather  # several ranks: per-completion values of all ranks, so figures are global
+        mask, correct_all = g(rollout.completion_mask), None if correct is None else g(correct)
+        metrics = {"step": state.step, **reward_stats(g(scores.total), correct_all, rollout.group_size),
+                   **{f"rewards/{k}": float(torch.nanmean(g(v))) for k, v in scores.per_func.items()},
+                   **tensor_stats("advantage", g(adv_flat)),
+                   **length_stats(mask, g(rollout.truncated), correct_all),
+                   **upd, **state.dist.reduce_sums(info), "reward_errors": state.dist.sum(scores.num_errors),
+                   "bad_steps": float(state.bad_steps), "skipped_updates": float(state.skipped_updates),
+                   "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum())}
+        if tracker is not None:
+            tracker.observe(state.step, rollout, scores, adv_flat, correct)
+    return metrics
+
+
+def step_function(cfg: GRPOConfig) -> Callable[..., dict[str, float]]:
+    """The step the loop runs: GRPO's `train_step`, or `grpokit.train.ppo.ppo_train_step` for
+    loss.algorithm=ppo."""
+    return ppo_train_step if cfg.loss.algorithm == "ppo" else train_step
+
+
+def _log_bad_batch(state: TrainState, rollout: Rollout, what: str) -> None:
+    """Warn about a skipped update, naming the batch's prompts (to find the data that caused it)."""
+    prompts = [" ".join(str(p).split())[:80] for p in rollout.prompts[::rollout.group_size]]
+    log.warning("step %d: non-finite %s, update skipped (%d in a row, run.max_bad_steps=%d); prompts: %s",
+                state.step + 1, what, state.bad_steps, state.cfg.run.max_bad_steps, json.dumps(prompts))

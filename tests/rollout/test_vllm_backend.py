@@ -1,0 +1,205 @@
+"""grpokit.rollout.vllm_backend against the rollout contract, with a CPU stand-in for vLLM (no GPU here).
+
+The stand-in returns known tokens and log-probs: its log-probs are the trainer's own minus a known
+shift delta per position, so the truncated importance weights min(exp(delta), cap) are known by hand.
+"""
+
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpokit.cli.vllm_serve import make_server
+from grpokit.config.schema import build_config
+from grpokit.core.loss import grpo_objective_from_logprobs, truncated_is_weights
+from grpokit.model.logprobs import per_token_logprobs
+from grpokit.rollout.vllm_backend import (
+    Sample,
+    SamplingSpec,
+    ServerEngine,
+    VLLMRollouts,
+    rollout_from_samples,
+    vllm_sample,
+)
+from grpokit.rollout.vllm_engine import policy_weights
+
+EASY = str(Path(__file__).resolve().parents[1] / "easy_rewards.py") + ":share_of_a"
+# shift of the stand-in's log-prob at even / odd positions: weights e^0.5, min(e^1, 2) = 2
+DELTA = (0.5, 1.0)
+
+
+@dataclass
+class Ex:
+    prompt: str
+    answer: str = ""
+    columns: dict = field(default_factory=dict)
+
+
+class StandInEngine:
+    """Known completions (sample j: 'a' * (j + 1) then EOS for even j; for odd j, 'a' up to max_tokens
+    with no EOS, as a real engine stops only there); log-probs are the
+    model's own per_token_logprobs minus DELTA, so pi_old / pi_sampler = exp(DELTA) exactly."""
+
+    def __init__(self, model, eos_id: int, a_id: int):
+        self.model, self.eos_id, self.a_id = model, eos_id, a_id
+        self.calls: list[str] = []
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def generate(self, prompt_ids, spec: SamplingSpec):
+        self.calls.append("generate")
+        out = []
+        for ids in prompt_ids:
+            group = []
+            for j in range(spec.n):
+                toks = [self.a_id] * (j + 1) + [self.eos_id] if j % 2 == 0 else [self.a_id] * spec.max_tokens
+                full = torch.tensor([list(ids) + toks])
+                with torch.no_grad():
+                    lp = per_token_logprobs(self.model, full, torch.ones_like(full), len(toks),
+                                            temperature=spec.temperature)[0]
+                shift = torch.tensor([DELTA[t % 2] for t in range(len(toks))])
+                group.append(Sample(toks, (lp - shift).tolist()))
+            out.append(group)
+        return out
+
+    def load_weights(self, weights):
+        self.calls.append("load_weights")
+        self.loaded = {k: v.clone() for k, v in weights}
+        self.model.load_state_dict(self.loaded)                   # every weight, a tied head included
+
+    def sleep(self):
+        self.calls.append("sleep")
+
+    def wake_up(self):
+        self.calls.append("wake_up")
+
+
+def test_truncated_is_weights_by_hand():
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, 0.0]])
+    samp = torch.tensor([[-1.5, -1.0, -0.5], [-2.0, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    w, m = truncated_is_weights(old, samp, mask, "token", cap=1.5)
+    # log ratios 0.5, -1, 0 | 1, 0, (masked): weights e^.5=1.6487->1.5 (capped), e^-1, 1 | e^1->1.5, 1, 1
+    expect = torch.tensor([[1.5, math.exp(-1.0), 1.0], [1.5, 1.0, 1.0]])
+    assert torch.allclose(w, expect)
+    assert float(m["tis/mean_weight"]) == pytest.approx((1.5 + math.exp(-1) + 1 + 1.5 + 1) / 5)
+    assert float(m["tis/clipped_frac"]) == pytest.approx(2 / 5)
+    w, m = truncated_is_weights(old, samp, mask, "sequence", cap=3.0)
+    # sums of log ratios: -0.5 and 1.0 -> e^-0.5 and e^1 (under the cap 3)
+    assert torch.allclose(w, torch.tensor([[math.exp(-0.5)], [math.e]]))
+    assert float(m["tis/clipped_frac"]) == 0.0
+
+
+def test_weights_scale_the_policy_gradient_of_each_token():
+    new = torch.tensor([[-1.0, -2.0, -0.7]], requires_grad=True)
+    mask, adv = torch.ones(1, 3), torch.tensor([2.0])
+    w = torch.tensor([[0.5, 2.0, 1.0]])
+    loss, _ = grpo_objective_from_logprobs(new, None, None, mask, adv, 0.2, 0.0,
+                                           loss_type="dapo", tis_weights=w)
+    loss.backward()
+    # ratio 1 at old = new: d(-w * r * A / 3)/d new_t = -w_t * A / 3
+    assert torch.allclose(new.grad, -w * 2.0 / 3)
+
+
+def _state(tmp_path, char_tokenizer, tiny_model, **over):
+    from grpokit.train.loop import build_state
+    values = {"model.name_or_path": "builtin:tiny-random", "reward.funcs": {EASY: 1.0},
+              "rollout.backend": "vllm", "rollout.prompts_per_step": 2, "rollout.num_generations": 4,
+              "rollout.max_completion_length": 6, "loss.tis_cap": 2.0, "run.output_dir": str(tmp_path),
+              "run.progress": False, "loss.beta": 0.0}
+    values.update(over)
+    return build_state(build_config(values), tiny_model, char_tokenizer,
+                       train_examples=[Ex("Say a:"), Ex("Go:"), Ex("Now:"), Ex("Type:")])
+
+
+def _engine(state):
+    from copy import deepcopy
+
+    tok = state.tokenizer
+    return StandInEngine(deepcopy(state.model), tok.eos_token_id,
+                         tok("a", add_special_tokens=False)["input_ids"][0])
+
+
+def test_colocated_rollout_keeps_the_contract_and_the_sampler_logprobs(tmp_path, char_tokenizer, tiny_model):
+    state = _state(tmp_path, char_tokenizer, tiny_model)
+    engine = _engine(state)
+    state.rollout_engine = VLLMRollouts(engine, colocate=True)
+    r = vllm_sample(state, ["Say a:", "Go:"])
+    N, G = 8, 4
+    assert r.completion_ids.shape[0] == N and r.group_size == G and r.group_ids.tolist() == [0] * 4 + [1] * 4
+    assert r.completion_mask.sum(-1).tolist() == [2, 6, 4, 6] * 2                 # up to and incl. EOS
+    assert r.truncated.tolist() == [False, True, False, True] * 2
+    assert r.completions[0] == "a" and r.completions[3] == "aaaaaa" and r.prompts[4] == "Go:"
+    assert r.sampling_logprobs.shape == r.completion_ids.shape
+    assert torch.all(r.sampling_logprobs[r.completion_mask == 0] == 0)
+    # what the trainer recomputes minus the known shift
+    lp = per_token_logprobs(state.model, r.input_ids, r.attention_mask, r.completion_ids.shape[1])
+    shift = torch.tensor([DELTA[t % 2] for t in range(r.completion_ids.shape[1])])
+    assert torch.allclose((lp - shift) * r.completion_mask, r.sampling_logprobs, atol=1e-5)
+    assert engine.calls == ["wake_up", "load_weights", "generate", "sleep"]       # weights of step 0 pushed
+    vllm_sample(state, ["Now:"])
+    assert engine.calls[4:] == ["wake_up", "generate", "sleep"]                   # same step: no second push
+
+
+def test_train_step_corrects_the_mismatch_with_known_weights(tmp_path, char_tokenizer, tiny_model):
+    from grpokit.train.step import train_step
+    for level, expect_w, expect_clip in (("token", None, None), ("sequence", None, None)):
+        state = _state(tmp_path / level, char_tokenizer, tiny_model, **{"loss.tis_level": level})
+        engine = _engine(state)
+        state.rollout_engine = VLLMRollouts(engine, colocate=True)
+        m = train_step(state)
+        lengths = [2, 6, 4, 6] * 2                                 # completion tokens per row (see above)
+        if level == "token":   # even positions e^0.5 = 1.6487, odd positions e^1 -> capped at 2
+            per_row = [[math.exp(0.5) if t % 2 == 0 else 2.0 for t in range(n)] for n in lengths]
+            w = sum(map(sum, per_row)) / sum(lengths)
+            clipped = sum(n // 2 for n in lengths) / sum(lengths)
+        else:                  # exp(sum of shifts) >= e^1.5 = 4.48 for every row: all capped at 2
+            w, clipped = 2.0, 1.0
+        assert m["tis/mean_weight"] == pytest.approx(w, rel=1e-4), level
+        assert m["tis/clipped_frac"] == pytest.approx(clipped, rel=1e-4), level
+        assert math.isfinite(m["loss"]) and m["completion_tokens"] == sum(lengths)
+        # the measured mismatch |logp_old - logp_sampler| is the stand-in's shift: 0.5 / 1.0 by position
+        shifts = sum(DELTA[t % 2] for n in lengths for t in range(n))
+        assert m["mismatch/abs_logprob_diff_mean"] == pytest.approx(shifts / sum(lengths), rel=1e-4)
+        assert m["mismatch/abs_logprob_diff_max"] == pytest.approx(1.0, rel=1e-4)
+        train_step(state)                                          # step 1: the updated weights are pushed
+        assert engine.calls.count("load_weights") == 2
+        for k, v in policy_weights(state.model):
+            assert torch.equal(engine.loaded[k], v), k
+
+
+def test_server_mode_over_http(tmp_path, char_tokenizer, tiny_model):
+    state = _state(tmp_path, char_tokenizer, tiny_model, **{"rollout.vllm_mode": "server"})
+    engine = _engine(state)
+    server = make_server(engine, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = ServerEngine(f"http://127.0.0.1:{server.server_address[1]}")
+        state.rollout_engine = VLLMRollouts(client, colocate=False)
+        r = vllm_sample(state, ["Say a:", "Go:"])
+        assert r.completion_mask.sum(-1).tolist() == [2, 6, 4, 6] * 2
+        for k, v in policy_weights(state.model):               # pushed as safetensors, received intact
+            assert torch.equal(engine.loaded[k], v), k
+        assert engine.calls == ["load_weights", "generate"]     # the server's GPU is never put to sleep
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(ConnectionError, match="grpokit vllm-serve"):
+        ServerEngine(f"http://127.0.0.1:{server.server_address[1]}",
+                     timeout=2).generate([[1]], SamplingSpec(2, 3))
+
+
+def test_rollout_from_samples_rejects_a_wrong_group_size(char_tokenizer):
+    ids, mask = torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="expected 2 each"):
+        rollout_from_samples(char_tokenizer, ["x"], ids, mask, [[Sample([1], [0.0])]], 2,
+                             [char_tokenizer.eos_token_id])
+
+
+def test_missing_vllm_is_one_line(tmp_path, char_tokenizer, tiny_model):
+    state = _state(tmp_path, char_tokenizer, tiny_model)
+    with pytest.raises(ImportError, match="pip install 'grpokit\\[vllm\\]'"):
+        vllm_sample(state, ["Go:"])
