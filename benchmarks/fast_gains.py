@@ -1,21 +1,24 @@
 """What each of grpokit's CPU speed-ups (grpokit.fast) buys: s/step with it off, against all on.
 
-    python benchmarks/fast_gains.py                       # the demo, bench tiny and small (fp32), 3 rounds
-    python benchmarks/fast_gains.py --configs demo --rounds 5
+    python benchmarks/fast_gains.py                        # demo, tiny and small (fp32), 12 steps a variant
+    python benchmarks/fast_gains.py --configs demo --steps 20
 
-Each (config, variant) runs in a fresh interpreter: `all` (everything on, the default), `plain`
-(`fast.accelerated` replaced by `fast.plain()`: the readable path only), or one speed-up switched off
-while the others stay on. The variants run in a rotated order each round (this machine drifts); the
-table holds the median s/step over rounds and its ratio to `all`: a ratio of 1.20 means the step is
-20% slower without that speed-up, i.e. it pays 1.20x. `fused_compile` runs fused_ops' two ops (SiLU x up,
-RMSNorm) through `torch.compile` instead of the C kernels: the alternative the kernels must beat; its
-first-step extra seconds are the compile warm-up. Configs:
+One process per config builds the training state once, then runs steps with the variants interleaved
+(one step each, in a rotated order, over and over), so the machine's drift hits every variant alike.
+Variants: `all` (everything on, the default), `plain` (`fast.accelerated` replaced by `fast.plain()`:
+the readable path only), or one speed-up switched off while the others stay on. `keep_memory` is
+process-wide, so it is measured by two more processes (GRPOKIT_KEEP_MEMORY=1 and 0, alternated).
+The training passes' C attention and fused SiLU x up / RMSNorm kernels, and torch.compile of the same
+two ops, were measured by this script on 2026-12-02 before their removal:
+benchmarks/results/fast_gains_with_training_kernels*.json (docs/performance.md).
+The table holds each variant's median s/step and its ratio to `all`: 1.20 means the step is 20% slower
+without that speed-up, which pays 1.20x. Configs:
 
     demo        `grpokit train`'s built-in demo (0.8M-parameter char model, B=16 x G=8, fp32)
     tiny/small  `grpokit bench --size S --completion-length 64 --fixed-length --precision fp32`
                 (small's default precision, auto, is bf16 on this CPU, where no C kernel applies)
 
-Results: benchmarks/results/fast_gains.json and the table on stdout (docs/performance.md quotes it).
+Results: benchmarks/results/fast_gains.json and a markdown table on stdout (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,131 +34,133 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("all", "plain", "attention", "fused_ops", "fused_compile", "gqa", "decode_kernels", "whole_step",
-            "keep_memory", "reuse")
-BENCH = {"tiny": ["--size", "tiny"], "small": ["--size", "small"]}
-BENCH_COMMON = ["--completion-length", "64", "--fixed-length", "--precision", "fp32", "--steps", "6",
-                "--warmup", "1"]
+VARIANTS = ("all", "plain", "gqa", "decode_kernels", "whole_step", "reuse")
+BENCH_ARGS = ["--fixed-length", "--precision", "fp32"]
 OUT = Path(__file__).resolve().parent / "results" / "fast_gains.json"
 
 
-def switch_off(variant: str) -> None:
-    """Turn one speed-up off in this process (before any step runs)."""
+def _nothing(*args, **kwargs):
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def switched_off(variant: str, state) -> None:
+    """For one step: the speed-up `variant` names off (attributes swapped, restored after)."""
     from grpokit import fast
 
-    def off(*args, **kwargs):                     # a context manager that does nothing
-        return contextlib.nullcontext()
-
-    if variant == "plain":
-        fast.accelerated = lambda *a, **k: fast.plain()
-    elif variant == "attention":
-        fast.attention.kernel_attention = off
-    elif variant == "fused_ops":
-        fast.fused_ops.fused_ops = off
-    elif variant == "gqa":
-        fast._grouped_kv_with_masks = off
-    elif variant == "decode_kernels":
-        fast.kernels_for = lambda model: None
-    elif variant == "whole_step":
-        fast.whole_step_for = lambda decoder, rows: None
-    elif variant == "fused_compile":              # the same two ops through torch.compile instead of C
-        compile_fused_ops(fast.fused_ops)
+    swaps = {"plain": [(fast, "accelerated", lambda *a, **k: fast.plain())],
+             "gqa": [(fast, "_grouped_kv_with_masks", _nothing)],
+             "decode_kernels": [(fast, "kernels_for", lambda model: None)],
+             "whole_step": [(fast, "whole_step_for", lambda decoder, rows: None)],
+             "reuse": [(state.cfg.rollout, "reuse_activations", False)]}.get(variant, [])
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in swaps]
+    for obj, name, value in swaps:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
 
 
-def compile_fused_ops(module) -> None:
-    """Route fused_ops' SiLU x up and RMSNorm through torch.compile'd PyTorch (dynamic shapes)."""
-    import types
-
-    import torch
-    import torch.nn.functional as F
-
-    silu_mul = torch.compile(lambda g, u: F.silu(g) * u, dynamic=True)
-    rms = torch.compile(lambda x, w, eps: w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)),
-                        dynamic=True)
-    module.SiluMul = types.SimpleNamespace(apply=lambda g, u, lib: silu_mul(g, u))
-    module.RMSNormFn = types.SimpleNamespace(apply=lambda x, w, eps, lib: rms(x, w, eps))
-
-
-def demo_seconds(variant: str, steps: int = 8, warmup: int = 2) -> tuple[float, float]:
-    """(median s/step, first step's s) of the built-in demo's train_step under `variant`."""
+def _demo_runner(out_dir: str):
     from grpokit.config.run_config import demo_config
     from grpokit.train.loop import build_state
     from grpokit.train.step import train_step
 
+    state = build_state(demo_config({"run.output_dir": out_dir, "run.progress": False, "run.eval_limit": 0}))
+    return state, lambda: train_step(state)
+
+
+def _bench_runner(config: str):
+    """config: "tiny" or "small", optionally ":T" for T completion tokens (default 64)."""
+    from grpokit.cli.bench import bench_state, bench_step, parse_args
+    from grpokit.model.testing import bench_prompts
+
+    size, _, tokens = config.partition(":")
+    args = parse_args(["--size", size, *BENCH_ARGS, "--completion-length", tokens or "64"])
+    state, _ = bench_state(args)
+    prompts = bench_prompts(args.prompts)
+    return state, lambda: bench_step(state, prompts, args)
+
+
+def child(config: str, variants: list[str], steps: int) -> None:
+    """Print {variant: [s per step]} with the variants interleaved step by step; first steps apart."""
     with tempfile.TemporaryDirectory() as out:
-        over = {"run.output_dir": out, "run.progress": False, "run.eval_limit": 0}
-        if variant == "reuse":
-            over["rollout.reuse_activations"] = False
-        state = build_state(demo_config(over))
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            train_step(state)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times[warmup:]), times[0]
+        state, step = _demo_runner(out) if config == "demo" else _bench_runner(config)
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        first: dict[str, float] = {}
+        for r in range(steps + 1):                                        # round 0: each variant's warm-up
+            order = variants[r % len(variants):] + variants[:r % len(variants)]
+            for v in order if r % 2 else order[::-1]:
+                with switched_off(v, state):
+                    t0 = time.perf_counter()
+                    step()
+                    sec = time.perf_counter() - t0
+                if r:
+                    times[v].append(sec)
+                else:
+                    first[v] = sec
+    print(json.dumps({"times": times, "first": first}))
 
 
-def bench_seconds(size: str, variant: str) -> tuple[float, float]:
-    """(median s/step, first step's s) of `grpokit bench`'s grpokit side under `variant`."""
-    from grpokit.cli.bench import parse_args, run_grpokit
-
-    argv = BENCH[size] + BENCH_COMMON + (["--reuse", "false"] if variant == "reuse" else [])
-    result = run_grpokit(parse_args(argv))
-    return result["s_per_step"], result["all_steps_s"][0]
-
-
-def child(config: str, variant: str) -> None:
-    switch_off(variant)
-    sec, first = demo_seconds(variant) if config == "demo" else bench_seconds(config, variant)
-    print(json.dumps({"s_per_step": sec, "first_step_s": first}))
-
-
-def run_one(config: str, variant: str) -> dict:
-    env = {**os.environ, **({"GRPOKIT_KEEP_MEMORY": "0"} if variant == "keep_memory" else {})}
-    proc = subprocess.run([sys.executable, __file__, "--child", config, variant], capture_output=True,
-                          text=True, env=env, check=False)
+def run_child(config: str, variants: list[str], steps: int, env: dict | None = None) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", config, ",".join(variants), str(steps)],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False)
     if proc.returncode != 0:
-        raise SystemExit(f"{config}/{variant} failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"{config} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def summary(runs: list[dict], all_on: list[dict]) -> dict:
-    """Median s/step, its ratio to all-on (the gain), and the first step's extra seconds (warm-up)."""
-    med = statistics.median(r["s_per_step"] for r in runs)
-    first = statistics.median(r["first_step_s"] - r["s_per_step"] for r in runs)
-    return {"s_per_step": med, "gain": med / statistics.median(r["s_per_step"] for r in all_on),
-            "first_step_extra_s": first, "runs": [round(r["s_per_step"], 4) for r in runs]}
+def measure(config: str, variants: list[str], steps: int, keep_rounds: int) -> dict:
+    """The variants interleaved in one process, then keep_memory on/off in alternated processes."""
+    res = run_child(config, variants, steps)
+    base = statistics.median(res["times"]["all"])
+    table = {v: {"s_per_step": statistics.median(t), "gain": statistics.median(t) / base,
+                 "first_step_extra_s": res["first"][v] - statistics.median(t)}
+             for v, t in res["times"].items()}
+    if not keep_rounds:
+        return table
+    keep: dict[str, list[float]] = {"1": [], "0": []}
+    for r in range(keep_rounds):
+        for flag in ("1", "0") if r % 2 == 0 else ("0", "1"):
+            keep[flag] += run_child(config, ["all"], steps, {"GRPOKIT_KEEP_MEMORY": flag})["times"]["all"]
+    on, off = statistics.median(keep["1"]), statistics.median(keep["0"])
+    table["keep_memory"] = {"s_per_step": off, "gain": off / on, "first_step_extra_s": 0.0,
+                            "kept_s_per_step": on}
+    return table
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", default="demo,tiny,small", help="comma-separated: demo, tiny, small")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--configs", default="demo,tiny,small",
+                   help="comma-separated: demo, tiny, small; tiny:256 = 256 completion tokens")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, `all` first")
+    p.add_argument("--steps", type=int, default=12, help="timed steps per variant")
+    p.add_argument("--keep-rounds", type=int, default=2, help="process pairs for keep_memory (0: none)")
+    p.add_argument("--out", default=str(OUT), help="where the JSON results go")
+    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(*args.child)
+        config, variants, steps = args.child
+        child(config, variants.split(","), int(steps))
         return
-    results: dict[str, dict[str, list[dict]]] = {}
+    table = {}
     for config in args.configs.split(","):
-        results[config] = {v: [] for v in VARIANTS}
-        for r in range(args.rounds):
-            order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
-            for variant in order if r % 2 == 0 else order[::-1]:
-                results[config][variant].append(run_one(config, variant))
-                row = results[config][variant][-1]
-                print(f"{config} round {r + 1} {variant}: {row['s_per_step']:.3f} s/step (first step "
-                      f"{row['first_step_s']:.2f} s)", file=sys.stderr, flush=True)
-    table = {c: {v: summary(x, res["all"]) for v, x in res.items()} for c, res in results.items()}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"rounds": args.rounds, "threads": os.environ.get("OMP_NUM_THREADS", "default"),
+        table[config] = measure(config, args.variants.split(","), args.steps, args.keep_rounds)
+        print(f"{config}: " + ", ".join(f"{v} {r['gain']:.2f}x" for v, r in table[config].items()),
+              file=sys.stderr, flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"steps": args.steps, "threads": os.environ.get("OMP_NUM_THREADS", "default"),
                                "results": table}, indent=2) + "\n")
     print("| speed-up off | " + " | ".join(f"{c}: s/step (x of all on), first-step extra s"
                                          for c in table) + " |")
     print("|---|" + "---|" * len(table))
-    for v in VARIANTS:
+    for v in dict.fromkeys(v for c in table for v in table[c]):
         print(f"| {v} | " + " | ".join(f"{table[c][v]['s_per_step']:.3f} ({table[c][v]['gain']:.2f}x), "
-                                       f"{table[c][v]['first_step_extra_s']:+.1f}" for c in table) + " |")
+                                       f"{table[c][v]['first_step_extra_s']:+.1f}" if v in table[c] else "-"
+                                       for c in table) + " |")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from grpokit.model.loading import SMOLLM2_ALIAS, frozen_reference
 from grpokit.model.precision import apply_precision, reference_storage
 from grpokit.model.testing import SIZES, bench_prompts, build_model, digit_reward
 from grpokit.observe.metrics import PhaseTimer, peak_rss_mib
-from grpokit.rollout.groups import sample_groups
+from grpokit.rollout.groups import Rollout, sample_groups
 from grpokit.train.state import TrainState, make_optimizer
 from grpokit.train.step import compute_advantages
 from grpokit.train.update import forward_logprobs, policy_update
@@ -106,16 +106,17 @@ def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, si
     return out
 
 
-def run_grpokit(args) -> dict:
-    """grpokit's step, phase by phase (the phases of trainer.train_step), `args.steps` times."""
+def bench_state(args) -> tuple[TrainState, str]:
+    """The bench's training state (model, reference, optimizer) as trainer.build_state makes it, and the
+    precision chosen."""
     model, tok = build_model(args.size, args.seed, args.mean_length, args.model)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    L = args.completion_length
     cfg = build_config({"loss.beta": args.beta, "loss.loss_type": "grpo",
                         "rollout.num_generations": args.num_generations,
-                        "rollout.prompts_per_step": args.prompts, "rollout.max_completion_length": L,
+                        "rollout.prompts_per_step": args.prompts,
+                        "rollout.max_completion_length": args.completion_length,
                         "optim.learning_rate": 1e-6, "run.max_steps": args.steps,
                         "model.precision": args.precision,
                         "rollout.reuse_activations": args.reuse, "rollout.backend": args.backend})
@@ -123,34 +124,44 @@ def run_grpokit(args) -> dict:
     print(f"bench: grpokit precision {precision} ({why})", file=sys.stderr)
     ref = reference_storage(frozen_reference(model), model) if args.beta > 0 else None
     opt, sched = make_optimizer(model, cfg)
-    state = TrainState(cfg, model, tok, ref, opt, sched, [], None)
+    return TrainState(cfg, model, tok, ref, opt, sched, [], None), precision
+
+
+def bench_step(state: TrainState, prompts: list[str], args) -> tuple[dict, Rollout, bool]:
+    """One step of fixed work, phase by phase (the phases of train_step): (seconds per phase, the rollout,
+    whether the update reused the sampler's projections)."""
+    cfg, model, ref = state.cfg, state.model, state.ref_model
+    timer, t0 = PhaseTimer(), time.perf_counter()
+    with fast.accelerated(model, cfg):                    # as train_step does
+        with timer("generate"):
+            r = sample_groups(model, state.tokenizer, prompts, args.num_generations, args.completion_length,
+                              backend=args.backend, suppress_eos=args.fixed_length)
+        reused = fast.held_record() is not None                           # policy_update consumes it
+        with timer("reward"):
+            rewards = torch.tensor(digit_reward(r.completions))
+        with timer("ref_forward"):
+            ref_lp = forward_logprobs(ref, r, cfg) if ref is not None else None
+        adv = compute_advantages(cfg, r, rewards, None)
+        with timer("update"):
+            policy_update(state, r, adv, old_lp=None, ref_lp=ref_lp, loss_mask=r.completion_mask.float(),
+                          timer=timer)
+    row = {k[5:]: v for k, v in timer.pop().items()}
+    row["policy_fwd_bwd"] = row.pop("update") - row.get("optimizer", 0.0)
+    row["step"] = time.perf_counter() - t0
+    row["completion_tokens"] = float(r.completion_mask.sum())
+    return row, r, reused
+
+
+def run_grpokit(args) -> dict:
+    """grpokit's step, phase by phase (the phases of train_step), `args.steps` times."""
+    state, precision = bench_state(args)
     peak, peak_bf16 = matmul_peak_gflops(), matmul_peak_gflops(dtype=torch.bfloat16)
     prompts, steps, flops = bench_prompts(args.prompts), [], []
     for _ in range(args.steps):
-        timer, t0 = PhaseTimer(), time.perf_counter()
-        with fast.accelerated(model, cfg, ref_model=ref):                # as trainer.train_step does
-            with timer("generate"):
-                r = sample_groups(model, tok, prompts, args.num_generations, L, backend=args.backend,
-                                  suppress_eos=args.fixed_length)
-            reused = fast.held_record() is not None                       # policy_update consumes it
-            with timer("reward"):
-                rewards = torch.tensor(digit_reward(r.completions))
-            with timer("ref_forward"):
-                ref_lp = forward_logprobs(ref, r, cfg) if ref is not None else None
-            adv = compute_advantages(cfg, r, rewards, None)
-            with timer("update"):
-                policy_update(state, r, adv, old_lp=None, ref_lp=ref_lp, loss_mask=r.completion_mask.float(),
-                              timer=timer)
-        sec = timer.pop()
-        row = {k[5:]: v for k, v in sec.items()}
-        row["policy_fwd_bwd"] = row.pop("update") - row.get("optimizer", 0.0)
-        row["step"] = time.perf_counter() - t0
-        n_comp = float(r.completion_mask.sum())
-        row["completion_tokens"] = n_comp
+        row, r, reused = bench_step(state, prompts, args)
         steps.append(row)
-        p_tok = float(r.prompt_mask.sum())
-        rows = r.prompt_mask.shape[0]
-        flops.append(model_flops(model, p_tok, n_comp, p_tok / rows, n_comp / rows, reused=reused))
+        p_tok, n_comp, rows = float(r.prompt_mask.sum()), row["completion_tokens"], r.prompt_mask.shape[0]
+        flops.append(model_flops(state.model, p_tok, n_comp, p_tok / rows, n_comp / rows, reused=reused))
     return summarize(steps, args.warmup, flops, peak, "grpokit", peak_bf16=peak_bf16, precision=precision)
 
 

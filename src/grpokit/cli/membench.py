@@ -113,7 +113,7 @@ def run_grpokit(args, model, tok, baseline: float) -> dict[str, Any]:
                        critic=build_critic(model, cfg) if args.side == "ppo" else None)
     for _ in range(args.steps):
         timer = PhaseTimer()
-        with fast.accelerated(model, cfg, ref_model=state.ref_model):   # as the trainer's steps run
+        with fast.accelerated(model, cfg):   # as the trainer's steps run
             r = sample_groups(model, tok, bench_prompts(B), G, T, suppress_eos=True)
             rewards = torch.tensor(digit_reward(r.completions))
             if args.side == "ppo":

@@ -1,17 +1,23 @@
 """The one switch for grpokit's optional CPU speed-ups: `with fast.accelerated(model, cfg):`.
 
 Every speed-up sits beside the readable path, never inside it. Outside this context the training step
-is plain PyTorch: `per_token_logprobs` as logprobs.py writes it, the sampler's PyTorch decoder, no
-activation record. Inside it, where they apply (float32 on the CPU, the C kernels built):
+is plain PyTorch: `per_token_logprobs` as model/logprobs.py writes it, the sampler's PyTorch decoder, no
+activation record. Inside it, where they apply (the C kernels: float32 on the CPU, built):
 
-    speed-up                                  where                       why
-    attention forward/backward in C           attention.kernel_attention  skips the masked half of attention
-    SiLU x up and RMSNorm in one pass         fused_ops.fused_ops         one memory pass, not 5-10 ops
-    grouped K/V with a mask in SDPA           TRANSFORMERS_SDPA_FORCE_GQA no repeat_kv copies for backward
-    fused decode steps, the token draw        native, sampler             per-op overhead of decoding
-    the whole decode step in one C call       whole_step                  the Python loop over layers
-    the update reuses the sampled projections reuse                       the sampler computed them
-    glibc keeps freed memory                  native.keep_freed_memory    no page faults each pass
+    speed-up                                  where             pays (step with it off / on)
+    fused decode steps, the token draw in C   native, sampler   1.25x demo, 1.63x tiny, 1.09x small
+    the whole decode step in one C call       whole_step        1.07x demo, 1.18x tiny (not used on small)
+    the update reuses the sampled projections reuse             1.12x small (auto: models >= 5M, fp32)
+    glibc keeps freed memory                  native            1.32x tiny, 0.98x demo, 1.02x small
+    grouped K/V with a mask in SDPA           (this module)     0.97-1.02x; kept for memory: no
+                                                                repeat_kv copies saved for backward
+
+Measured by benchmarks/fast_gains.py (2026-12-02, 2 threads, fp32; demo = `grpokit train`'s built-in
+demo, tiny / small = `grpokit bench --size S --completion-length 64 --fixed-length`). In bf16 (auto's
+choice for SmolLM2 and small on CPUs with native bf16) only the grouped K/V applies. The training
+passes' C attention (forward and backward) and fused SiLU x up / RMSNorm kernels were removed that day:
+they paid 1.01-1.04x and 0.91-1.05x, and torch.compile of the same two ops 0.93-1.06x with 2-5 s of
+warm-up (docs/performance.md, "What each speed-up pays").
 
 Each is restored on exit (keep_freed_memory is process-wide and set once). The results equal the plain
 path to float32 rounding (tests/fast/test_fast_step.py runs a whole train_step both ways).
@@ -31,8 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpokit.fast import attention, fused_ops, native, reuse, whole_step
-from grpokit.model.logprobs import checkpointing_enabled
+from grpokit.fast import native, reuse, whole_step
+from grpokit.model.logprobs import checkpointing_enabled as checkpointing_enabled
 
 reused_logprobs = reuse.reused_logprobs   # the update's forward on a record (update.rows_logprobs)
 
@@ -59,15 +65,13 @@ def active() -> Scope:
 
 
 @contextlib.contextmanager
-def accelerated(model: torch.nn.Module, cfg=None, *, ref_model: torch.nn.Module | None = None,
-                world_size: int = 1, enabled: bool = True, record: bool | Callable | None = None,
-                timer=None) -> Iterator[Scope]:
+def accelerated(model: torch.nn.Module, cfg=None, *, world_size: int = 1, enabled: bool = True,
+                record: bool | Callable | None = None, timer=None) -> Iterator[Scope]:
     """Every optional CPU speed-up on for the passes inside (see the module docstring); restored on exit.
 
     Args:
         model: the policy; its fused ops are swapped in, its sampling may be recorded.
         cfg: the run's GRPOConfig: what to record for reuse (`reuse.recording_policy`); None: no record.
-        ref_model: the frozen reference, whose passes get the fused ops too.
         world_size: processes training together (a record is only reused with one).
         enabled: False runs the plain path (as does `plain()`).
         record: overrides cfg's recording policy (tests, bench): False, True, or lengths -> bool.
@@ -90,11 +94,6 @@ def accelerated(model: torch.nn.Module, cfg=None, *, ref_model: torch.nn.Module 
         policy = record if record is not None else (
             reuse.recording_policy(cfg, world_size, model) if cfg is not None else False)
         scope = Scope(on=True, model_id=id(model), recording=policy)
-        stack.enter_context(attention.kernel_attention(model))
-        for m in (model, ref_model):      # not under activation checkpointing: its recompute runs the
-            # class's forward after the swap is gone
-            if m is not None and not checkpointing_enabled(m):
-                stack.enter_context(fused_ops.fused_ops(m))
         stack.enter_context(_grouped_kv_with_masks(_device(model)))
         token = _SCOPE.set(scope)
         stack.callback(_SCOPE.reset, token)
@@ -122,7 +121,7 @@ def kernels_for(model) -> native.DecodeKernels | None:
 
 def whole_step_for(decoder, rows: int) -> whole_step.WholeStep | None:
     """The lean decoder's whole decode step as one C call where it applies (`WholeStep.plan`), else None."""
-    return whole_step.WholeStep.plan(decoder, rows)
+    return whole_step.WholeStep.plan(decoder, rows) if active().on else None
 
 
 def start_record(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,

@@ -1,5 +1,7 @@
-"""grpokit's C kernels (`csrc/`), compiled on first use: the sampler's fused decode steps, and the
-training passes' attention, SiLU x up and RMSNorm (`attention.py`, `fused_ops.py`).
+"""grpokit's C kernels (`csrc/`), compiled on first use: the sampler's fused decode steps.
+
+Measured gain (benchmarks/fast_gains.py, 2026-12-02, 2 threads, fp32): the decode kernels off make a
+step 1.25x slower on the demo, 1.63x on bench tiny, 1.09x on small; they do not run in bf16.
 
 A decode step of a small model is bound by per-operation overhead: about 30 PyTorch calls per layer
 at ~5-10 us each, several times the step's matmuls (docs/performance.md). decode_kernels.c replaces the
@@ -12,7 +14,9 @@ against F.linear when the library loads), which removes the per-layer Python wor
 The library is built once per machine with the system C compiler into the user cache
 ($GRPOKIT_CACHE, else $XDG_CACHE_HOME/grpokit, else ~/.cache/grpokit), keyed by the source, the
 compiler and the CPU, then loaded with ctypes. No compiler, a failed build or GRPOKIT_NATIVE=0: the
-sampler and the training passes run PyTorch ops instead (one log line); the paths agree to fp32 rounding.
+sampler runs PyTorch ops instead (one log line); the paths agree to fp32 rounding. The training passes'
+C attention and fused SiLU x up / RMSNorm kernels were removed on 2026-12-02: at 2 threads they paid
+0.91-1.05x (docs/performance.md, "What each speed-up pays").
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch
 log = logging.getLogger("grpokit")
 
 _CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = tuple(_CSRC / name for name in ("decode_kernels.c", "whole_step.c", "attention_train.c"))
+SOURCES = tuple(_CSRC / name for name in ("decode_kernels.c", "whole_step.c"))
 HEADERS = (_CSRC / "gk_common.h",)
 # Tried in order: OpenMP needs -fopenmp (not every compiler has it); -march=native is not universal.
 # Reassociation lets the compiler vectorize the kernels' sums; no -ffinite-math (the masks use -inf).
@@ -46,9 +50,6 @@ _SIGNATURES = {
     "gk_rope_attend": [_P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _I, _P, _I, _I, _I, _I, _I, _F, _P],
     "gk_sample": [_P, _I, _I, _F, _P, ctypes.c_int, _P, _P],
     "gk_silu_mul": [_P, _P, _I, _I, _I, _I, _I, _P],
-    "gk_silu_mul_bwd": [_P, _P, _I, _I, _I, _P, _I, _I, _P, _P, _I],
-    "gk_rms_fwd": [_P, _P, _F, _I, _I, _P, _P],
-    "gk_rms_bwd": [_P, _P, _P, _P, _I, _I, _I, _P, _P],
     "gk_set_sgemm": [_P],
     "gk_vector_width": [],
     "gk_linear": [_P, _I, _I, _P, _P, _I, _P],
@@ -56,8 +57,6 @@ _SIGNATURES = {
                        _I, _P, _I, _P, _P, _I, _I],
     "gk_linear_packed": [_P, _I, _I, _P, _P, _I, _P],
     "gk_pack_panels": [_P, _I, _I, _P],
-    "gk_attention_fwd": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P],
-    "gk_attention_bwd": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _P, _P],
 }
 _loaded: DecodeKernels | None | bool = False      # False: not tried yet
 
@@ -72,19 +71,9 @@ class DecodeDims(NamedTuple):
     head_dim: int        # hd
 
 
-def _int64s(*values: int) -> ctypes.Array:
-    return (ctypes.c_int64 * len(values))(*values)
-
-
 def _ptr(t: torch.Tensor | None) -> int | None:
     """A tensor's data address for a C pointer argument (None: NULL)."""
     return None if t is None else t.data_ptr()
-
-
-def _qkv_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
-    """q, k, v as the attention kernels take them: each pointer followed by its leading strides."""
-    return (_ptr(q), _int64s(*q.stride()[:3]), _ptr(k), _int64s(*k.stride()[:2]), _ptr(v),
-            _int64s(*v.stride()[:2]))
 
 
 def cache_dir() -> Path:
@@ -143,7 +132,7 @@ def build(out_dir: Path | None = None) -> Path | None:
 
 class DecodeKernels:
     """ctypes bindings of the kernels, one typed method each; shapes are checked by the caller (`LeanDecoder`,
-    `WholeStep`, `attention.KernelAttention`, `fused_ops`). Tensors are float32 (int64 for ids, positions),
+    `WholeStep`). Tensors are float32 (int64 for ids, positions),
     contiguous unless a stride argument says otherwise; outputs are written in place."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -154,51 +143,6 @@ class DecodeKernels:
         lib.gk_vector_width.restype = ctypes.c_int
         self.vector_width = lib.gk_vector_width()  # 8: the AVX2 paths are compiled in; 1: plain C
         self.whole_step = _hand_over_sgemm(lib)   # False: no usable BLAS symbol, the per-layer path only
-
-    def silu_mul_rows(self, gate: torch.Tensor, up: torch.Tensor, *, rows: int, width: int, inner: int,
-                      outer_stride: int, inner_stride: int, out: torch.Tensor) -> None:
-        """out [rows, width] = silu(gate) * up. Row r of gate and up starts (r // inner) * outer_stride +
-        (r % inner) * inner_stride floats after their first element (gate and up may be two halves of one
-        fused [gate | up] tensor: pass the two views)."""
-        self.lib.gk_silu_mul(_ptr(gate), _ptr(up), inner, outer_stride, inner_stride, rows, width, _ptr(out))
-
-    def silu_mul_rows_bwd(self, gate: torch.Tensor, up: torch.Tensor, d_out: torch.Tensor, *, rows: int,
-                          width: int, inner: int, outer_stride: int, inner_stride: int, d_gate: torch.Tensor,
-                          d_up: torch.Tensor, d_stride: int) -> None:
-        """Backward of `silu_mul_rows` from d_out [rows, width]; row r of d_gate and d_up at r * d_stride."""
-        self.lib.gk_silu_mul_bwd(_ptr(gate), _ptr(up), inner, outer_stride, inner_stride, _ptr(d_out), rows,
-                                 width, _ptr(d_gate), _ptr(d_up), d_stride)
-
-    def rms_norm_fwd(self, x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor,
-                     rstd: torch.Tensor) -> None:
-        """out [..., H] = weight * x * rstd, rstd [rows] = 1 / sqrt(mean(x^2) + eps) (kept for backward)."""
-        H = x.shape[-1]
-        self.lib.gk_rms_fwd(_ptr(x), _ptr(weight), eps, x.numel() // H, H, _ptr(out), _ptr(rstd))
-
-    def rms_norm_bwd(self, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, *,
-                     parts: int, dx: torch.Tensor, dw_parts: torch.Tensor) -> None:
-        """dx [..., H] and dw_parts [parts, H] (partial sums over fixed row ranges; sum them) from dy."""
-        H = x.shape[-1]
-        self.lib.gk_rms_bwd(_ptr(x), _ptr(weight), _ptr(rstd), _ptr(dy), x.numel() // H, H, parts, _ptr(dx),
-                            _ptr(dw_parts))
-
-    def attention_fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
-                      scale: float, out: torch.Tensor, lse: torch.Tensor) -> None:
-        """q [B, H, L, hd], k, v [B, Hkv, S, hd] (each key's hd floats contiguous), mask [B, L, S] uint8 ->
-        out [B, L, H, hd] = softmax(q k^T scale, masked) v and lse [B, L, H] (csrc/attention_train.c)."""
-        B, H, L, hd = q.shape
-        Hkv, S = k.shape[1], k.shape[2]
-        self.lib.gk_attention_fwd(*_qkv_args(q, k, v), _ptr(mask), B, H, Hkv, L, S, hd, scale, _ptr(out),
-                                  _ptr(lse))
-
-    def attention_bwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                      out: torch.Tensor, d_out: torch.Tensor, lse: torch.Tensor, *, scale: float,
-                      dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
-        """Backward of `attention_fwd`: d_out [B, L, H, hd] (contiguous) -> dq, dk, dv (contiguous, whole)."""
-        B, H, L, hd = q.shape
-        Hkv, S = k.shape[1], k.shape[2]
-        self.lib.gk_attention_bwd(*_qkv_args(q, k, v), _ptr(mask), _ptr(out), _ptr(d_out), _ptr(lse),
-                                  B, H, Hkv, L, S, hd, scale, _ptr(dq), _ptr(dk), _ptr(dv))
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
                out: torch.Tensor) -> None:
@@ -255,8 +199,8 @@ class DecodeKernels:
         """gu [n, 2 I] = [gate | up] -> silu(gate) * up [n, I]."""
         n, I2 = gu.shape
         out = gu.new_empty(n, I2 // 2)
-        self.silu_mul_rows(gu[:, :I2 // 2], gu[:, I2 // 2:], rows=n, width=I2 // 2, inner=n, outer_stride=0,
-                           inner_stride=I2, out=out)
+        # gk_silu_mul(gate, up, inner, outer_stride, inner_stride, rows, width, out): rows I2 floats apart
+        self.lib.gk_silu_mul(_ptr(gu[:, :I2 // 2]), _ptr(gu[:, I2 // 2:]), n, 0, I2, n, I2 // 2, _ptr(out))
         return out
 
     def sample(self, logits: torch.Tensor, temperature: float,
@@ -311,13 +255,6 @@ def kernels() -> DecodeKernels | None:
             else:
                 _loaded = DecodeKernels(ctypes.CDLL(str(path)))
     return _loaded
-
-
-def float32_cpu(model) -> bool:
-    """Whether the model computes in float32 on the CPU, judged by its first parameter: a cheap look for
-    the training passes' swaps (attention.py, fused_ops.py), whose kernels check each tensor they get."""
-    p = next(model.parameters(), None)
-    return p is not None and p.device.type == "cpu" and p.dtype == torch.float32
 
 
 def kernels_for(model) -> DecodeKernels | None:

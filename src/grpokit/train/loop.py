@@ -40,14 +40,16 @@ log = logging.getLogger("grpokit")
 
 
 def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
-                eval_examples: list | None = None, reward_funcs: list | None = None) -> TrainState:
+                eval_examples: list | None = None, reward_funcs: list | None = None,
+                dist: Distributed | None = None) -> TrainState:
     """Load the policy (or take the given one), its frozen reference (only when beta > 0), data, rewards.
 
     train_examples / eval_examples: objects with .prompt, .answer, .columns (grpokit.tasks.Example);
     when None they come from the configured task. reward_funcs: (name, fn, weight) triples; None: from
-    cfg.reward.funcs.
+    cfg.reward.funcs. dist: the ranks (`train_grpo` passes the one it opened); None: from the environment.
     """
-    dist = Distributed.from_env(cfg.run.fsdp)  # torchrun / accelerate launch: N ranks; else a no-op
+    if dist is None:  # torchrun / accelerate launch: N ranks; else a no-op
+        dist = Distributed.from_env(cfg.run.fsdp)
     dist.check(cfg.rollout.prompts_per_step)
     torch.manual_seed(cfg.run.seed)
     if model is None:
@@ -117,7 +119,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     else:
         log.setLevel(logging.WARNING)
     state = build_state(cfg, model, tokenizer, train_examples=train_examples, eval_examples=eval_examples,
-                        reward_funcs=reward_funcs)
+                        reward_funcs=reward_funcs, dist=dist)
     check_prompts(cfg, state.tokenizer, state.stream.examples, state.eval_examples)  # chat template, lengths
     events = callbacks if isinstance(callbacks, TrainHooks) else TrainHooks(cfg, callbacks)
     state.reward_hooks = events.reward_kwargs()

@@ -187,8 +187,7 @@ def ppo_train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=N
     """One PPO step on fresh generations: sample, score, reference, values, GAE, update, log."""
     timer = timer or PhaseTimer()
     # the optional CPU speed-ups (grpokit.fast) for this step's passes, as in GRPO's train_step
-    with fast.accelerated(state.model, state.cfg, ref_model=state.ref_model, world_size=state.dist.world_size,
-                         timer=timer):
+    with fast.accelerated(state.model, state.cfg, world_size=state.dist.world_size, timer=timer):
         rollout, scores, correct, info = collect_batch(state, timer)
         upd, adv_flat = ppo_learn(state, rollout, scores.total, timer)
     state.step += 1

@@ -69,10 +69,9 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
         raise ValueError("loss.algorithm=ppo: run grpokit.train.ppo.ppo_train_step on this state "
                          "(train_grpo picks it: step_function)")
     timer = timer or PhaseTimer()
-    # Every optional CPU speed-up (C kernels, fused ops, activation reuse: grpokit.fast) is on for this
+    # Every optional CPU speed-up (decode kernels, activation reuse: grpokit.fast) is on for this
     # step's passes only; outside this block, and with it left out, the step is plain PyTorch.
-    with fast.accelerated(state.model, cfg, ref_model=state.ref_model, world_size=state.dist.world_size,
-                         timer=timer):
+    with fast.accelerated(state.model, cfg, world_size=state.dist.world_size, timer=timer):
         rollout, scores, correct, info = collect_batch(state, timer)
         loss_mask = rollout.completion_mask.float()
         if lo.mask_truncated_completions:

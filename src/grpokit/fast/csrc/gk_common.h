@@ -1,5 +1,5 @@
-/* Helpers shared by grpokit's C kernels (decode_kernels.c, attention_train.c): a vectorizable e^x,
- * dot products, the AVX2 score/value loops and the per-query-group attention of both. All static
+/* Helpers of grpokit's C kernels (decode_kernels.c, whole_step.c): a vectorizable e^x, dot products,
+ * the AVX2 score/value loops and the per-query-group attention of a decode step. All static
  * inline: each translation unit gets its own copy, inlined at its call sites. */
 #ifndef GK_COMMON_H
 #define GK_COMMON_H
