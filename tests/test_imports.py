@@ -190,3 +190,19 @@ def test_each_subpackage_says_what_it_holds():
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
         missing = [p.stem for p in init.parent.glob("*.py") if p.stem != "__init__" and p.stem not in doc]
         assert doc and not missing, f"{init.parent.name}/__init__.py does not name {missing}"
+
+
+def test_no_module_over_400_lines_and_no_function_over_80():
+    """The house style's size guide, kept by a test: a file that outgrows it is split by responsibility."""
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > 400:
+            long_modules.append(f"{path.relative_to(PACKAGE)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            is_function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if is_function and node.end_lineno - node.lineno >= 80:
+                long_functions.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: "
+                                      f"{node.end_lineno - node.lineno + 1} lines")
+    assert not long_modules and not long_functions, "\n".join(long_modules + long_functions)
+

@@ -223,12 +223,13 @@ def _one_step(reuse_on: bool, monkeypatch, switch) -> dict:
 def _forbid_kernels(monkeypatch) -> None:
     """Every entry point of the optional speed-ups raises: the plain path must never reach one."""
     from grpokit import fast
-    from grpokit.fast import native, reuse, whole_step
+    from grpokit.fast import fused_ops, native, reuse, whole_step
 
     def entered(*a, **k):
         raise AssertionError("a speed-up was entered with the switch off")
 
     for module, name in ((native, "kernels"), (native, "keep_freed_memory"), (whole_step.WholeStep, "plan"),
+                         (fused_ops, "fused_ops"),
                          (fast, "reused_logprobs"), (fast, "_grouped_kv_with_masks"),
                          (reuse.ActivationRecord, "__init__")):
         monkeypatch.setattr(module, name, entered)
@@ -239,17 +240,23 @@ def test_train_step_switch_off_is_plain_and_on_equals_it(monkeypatch, reuse_on):
     import contextlib
 
     from grpokit import fast
-    from grpokit.fast import native
+    from grpokit.fast import fused_ops, native
 
     with monkeypatch.context() as off_patch:
         _forbid_kernels(off_patch)
         off = _one_step(reuse_on, monkeypatch, fast.plain)         # train_step's own switch: overridden
-    entered = []
+    entered, plans = [], []
     real_plan = fast.whole_step_for
-    monkeypatch.setattr(fast, "whole_step_for", lambda *a: entered.append(p := real_plan(*a)) or p)
+    monkeypatch.setattr(fast, "whole_step_for", lambda *a: plans.append(p := real_plan(*a)) or p)
+    for cls in (fused_ops.SiluMul, fused_ops.RMSNormFn, fused_ops.GatedSiluMul):
+        real = cls.apply
+        monkeypatch.setattr(cls, "apply",
+                            lambda *a, real=real, cls=cls: entered.append(cls.__name__) or real(*a))
     on = _one_step(reuse_on, monkeypatch, contextlib.nullcontext)        # train_step's own fast.accelerated
     if native.kernels() is not None:                                      # the speed-ups really ran
-        assert entered and all(p is not None for p in entered)            # the one-call C decode step
+        assert plans and all(p is not None for p in plans)                # the one-call C decode step
+        # the training passes' kernels: the plain update's, or the reused update's SiLU x up on the record
+        assert ({"GatedSiluMul"} if reuse_on else {"SiluMul", "RMSNormFn"}) <= set(entered)
     assert on["metrics"]["completion_tokens"] == off["metrics"]["completion_tokens"]   # the same samples
     for key in ("loss", "kl", "grad_norm"):
         if key in off["metrics"]:
@@ -263,8 +270,9 @@ def test_train_step_switch_off_is_plain_and_on_equals_it(monkeypatch, reuse_on):
 
 
 def test_the_switch_restores_everything_and_nests():
-    """Inside `fast.accelerated`: the GQA variable and the decode kernels; after it (even when the block
-    raises) nothing is left; an inner context changes nothing, `fast.plain()` turns everything off inside."""
+    """Inside `fast.accelerated`: the fused forwards, the GQA variable and the decode kernels; after it (even
+    when the block raises) nothing is left; an inner context changes nothing, `fast.plain()` turns everything
+    off inside."""
     from grpokit import fast
     from grpokit.fast import native
 
@@ -273,6 +281,7 @@ def test_the_switch_restores_everything_and_nests():
     with pytest.raises(RuntimeError), fast.accelerated(model) as scope:
         assert scope.on and os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA") == "1"
         assert fast.kernels_for(model) is K
+        assert K is None or "forward" in vars(model.model.norm)          # the fused RMSNorm swapped in
         with fast.accelerated(build_model("tiny")[0]) as inner:
             assert inner is scope                                         # the outer context decides
         with fast.plain():

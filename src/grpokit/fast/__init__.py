@@ -8,16 +8,19 @@ activation record. Inside it, where they apply (the C kernels: float32 on the CP
     fused decode steps, the token draw in C   native, sampler   1.25x demo, 1.63x tiny, 1.09x small
     the whole decode step in one C call       whole_step        1.07x demo, 1.18x tiny (not used on small)
     the update reuses the sampled projections reuse             1.12x small (auto: models >= 5M, fp32)
+    SiLU x up and RMSNorm in one C pass       fused_ops         0.91-1.05x in time; kept for memory: the
+                                                                bench's small/256 peak 2732 vs 3517 MiB
     glibc keeps freed memory                  native            1.32x tiny, 0.98x demo, 1.02x small
     grouped K/V with a mask in SDPA           (this module)     0.97-1.02x; kept for memory: no
                                                                 repeat_kv copies saved for backward
 
 Measured by benchmarks/fast_gains.py (2026-12-02, 2 threads, fp32; demo = `grpokit train`'s built-in
-demo, tiny / small = `grpokit bench --size S --completion-length 64 --fixed-length`). In bf16 (auto's
-choice for SmolLM2 and small on CPUs with native bf16) only the grouped K/V applies. The training
-passes' C attention (forward and backward) and fused SiLU x up / RMSNorm kernels were removed that day:
-they paid 1.01-1.04x and 0.91-1.05x, and torch.compile of the same two ops 0.93-1.06x with 2-5 s of
-warm-up (docs/performance.md, "What each speed-up pays").
+demo, tiny / small = `grpokit bench --size S --completion-length 64 --fixed-length`); the memory by
+`grpokit bench --size small --completion-length 256 --fixed-length --steps 3` (auto = bf16, where the
+fused RMSNorm runs on the fp32 residual stream). In bf16 the decode kernels, the whole step and reuse
+do not run. The training passes' C attention (forward and backward) was removed that day: it paid
+1.01-1.04x; torch.compile of the fused ops' two ops paid 0.93-1.06x with 2-5 s of warm-up and was not
+adopted (docs/performance.md, "What each speed-up pays").
 
 Each is restored on exit (keep_freed_memory is process-wide and set once). The results equal the plain
 path to float32 rounding (tests/fast/test_fast_step.py runs a whole train_step both ways).
@@ -37,8 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpokit.fast import native, reuse, whole_step
-from grpokit.model.logprobs import checkpointing_enabled as checkpointing_enabled
+from grpokit.fast import fused_ops, native, reuse, whole_step
+from grpokit.model.logprobs import checkpointing_enabled
 
 reused_logprobs = reuse.reused_logprobs   # the update's forward on a record (update.rows_logprobs)
 
@@ -94,6 +97,8 @@ def accelerated(model: torch.nn.Module, cfg=None, *, world_size: int = 1, enable
         policy = record if record is not None else (
             reuse.recording_policy(cfg, world_size, model) if cfg is not None else False)
         scope = Scope(on=True, model_id=id(model), recording=policy)
+        if not checkpointing_enabled(model):  # a checkpointed recompute would run the class's forward later
+            stack.enter_context(fused_ops.fused_ops(model))
         stack.enter_context(_grouped_kv_with_masks(_device(model)))
         token = _SCOPE.set(scope)
         stack.callback(_SCOPE.reset, token)

@@ -1,4 +1,5 @@
-"""grpokit's C kernels (`csrc/`), compiled on first use: the sampler's fused decode steps.
+"""grpokit's C kernels (`csrc/`), compiled on first use: the sampler's fused decode steps, and the
+training passes' SiLU x up and RMSNorm (`fused_ops.py`).
 
 Measured gain (benchmarks/fast_gains.py, 2026-12-02, 2 threads, fp32): the decode kernels off make a
 step 1.25x slower on the demo, 1.63x on bench tiny, 1.09x on small; they do not run in bf16.
@@ -14,9 +15,9 @@ against F.linear when the library loads), which removes the per-layer Python wor
 The library is built once per machine with the system C compiler into the user cache
 ($GRPOKIT_CACHE, else $XDG_CACHE_HOME/grpokit, else ~/.cache/grpokit), keyed by the source, the
 compiler and the CPU, then loaded with ctypes. No compiler, a failed build or GRPOKIT_NATIVE=0: the
-sampler runs PyTorch ops instead (one log line); the paths agree to fp32 rounding. The training passes'
-C attention and fused SiLU x up / RMSNorm kernels were removed on 2026-12-02: at 2 threads they paid
-0.91-1.05x (docs/performance.md, "What each speed-up pays").
+sampler and the training passes run PyTorch ops instead (one log line); the paths agree to fp32
+rounding. The training passes' C attention was removed on 2026-12-02: at 2 threads it paid 1.01-1.04x
+(docs/performance.md, "What each speed-up pays").
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ _SIGNATURES = {
     "gk_rope_attend": [_P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _I, _P, _I, _I, _I, _I, _I, _F, _P],
     "gk_sample": [_P, _I, _I, _F, _P, ctypes.c_int, _P, _P],
     "gk_silu_mul": [_P, _P, _I, _I, _I, _I, _I, _P],
+    "gk_silu_mul_bwd": [_P, _P, _I, _I, _I, _P, _I, _I, _P, _P, _I],
+    "gk_rms_fwd": [_P, _P, _F, _I, _I, _P, _P],
+    "gk_rms_bwd": [_P, _P, _P, _P, _I, _I, _I, _P, _P],
     "gk_set_sgemm": [_P],
     "gk_vector_width": [],
     "gk_linear": [_P, _I, _I, _P, _P, _I, _P],
@@ -132,7 +136,7 @@ def build(out_dir: Path | None = None) -> Path | None:
 
 class DecodeKernels:
     """ctypes bindings of the kernels, one typed method each; shapes are checked by the caller (`LeanDecoder`,
-    `WholeStep`). Tensors are float32 (int64 for ids, positions),
+    `WholeStep`, `fused_ops`). Tensors are float32 (int64 for ids, positions),
     contiguous unless a stride argument says otherwise; outputs are written in place."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -143,6 +147,33 @@ class DecodeKernels:
         lib.gk_vector_width.restype = ctypes.c_int
         self.vector_width = lib.gk_vector_width()  # 8: the AVX2 paths are compiled in; 1: plain C
         self.whole_step = _hand_over_sgemm(lib)   # False: no usable BLAS symbol, the per-layer path only
+
+    def silu_mul_rows(self, gate: torch.Tensor, up: torch.Tensor, *, rows: int, width: int, inner: int,
+                      outer_stride: int, inner_stride: int, out: torch.Tensor) -> None:
+        """out [rows, width] = silu(gate) * up. Row r of gate and up starts (r // inner) * outer_stride +
+        (r % inner) * inner_stride floats after their first element (gate and up may be two halves of one
+        fused [gate | up] tensor: pass the two views)."""
+        self.lib.gk_silu_mul(_ptr(gate), _ptr(up), inner, outer_stride, inner_stride, rows, width, _ptr(out))
+
+    def silu_mul_rows_bwd(self, gate: torch.Tensor, up: torch.Tensor, d_out: torch.Tensor, *, rows: int,
+                          width: int, inner: int, outer_stride: int, inner_stride: int, d_gate: torch.Tensor,
+                          d_up: torch.Tensor, d_stride: int) -> None:
+        """Backward of `silu_mul_rows` from d_out [rows, width]; row r of d_gate and d_up at r * d_stride."""
+        self.lib.gk_silu_mul_bwd(_ptr(gate), _ptr(up), inner, outer_stride, inner_stride, _ptr(d_out), rows,
+                                 width, _ptr(d_gate), _ptr(d_up), d_stride)
+
+    def rms_norm_fwd(self, x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor,
+                     rstd: torch.Tensor) -> None:
+        """out [..., H] = weight * x * rstd, rstd [rows] = 1 / sqrt(mean(x^2) + eps) (kept for backward)."""
+        H = x.shape[-1]
+        self.lib.gk_rms_fwd(_ptr(x), _ptr(weight), eps, x.numel() // H, H, _ptr(out), _ptr(rstd))
+
+    def rms_norm_bwd(self, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, *,
+                     parts: int, dx: torch.Tensor, dw_parts: torch.Tensor) -> None:
+        """dx [..., H] and dw_parts [parts, H] (partial sums over fixed row ranges; sum them) from dy."""
+        H = x.shape[-1]
+        self.lib.gk_rms_bwd(_ptr(x), _ptr(weight), _ptr(rstd), _ptr(dy), x.numel() // H, H, parts, _ptr(dx),
+                            _ptr(dw_parts))
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
                out: torch.Tensor) -> None:
@@ -255,6 +286,13 @@ def kernels() -> DecodeKernels | None:
             else:
                 _loaded = DecodeKernels(ctypes.CDLL(str(path)))
     return _loaded
+
+
+def float32_cpu(model) -> bool:
+    """Whether the model computes in float32 on the CPU, judged by its first parameter: a cheap look for
+    the training passes' swaps (fused_ops.py), whose kernels check each tensor they get."""
+    p = next(model.parameters(), None)
+    return p is not None and p.device.type == "cpu" and p.dtype == torch.float32
 
 
 def kernels_for(model) -> DecodeKernels | None:

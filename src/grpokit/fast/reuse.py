@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from grpokit.fast.fused_ops import silu_mul_halves
+from grpokit.fast.native import kernels_for
 from grpokit.model.llama_layer import LayerSpec, decoder_layer, rms_norm, signed_sin
 from grpokit.model.logprobs import (
     checkpointing_enabled,
@@ -195,9 +197,10 @@ def _rotary(dec, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torc
     return cos[:, None], signed_sin(sin)[:, None]
 
 
-def _layer(layer, cfg, h, rec: dict[str, torch.Tensor], cos, sin, mask, past: tuple | None):
+def _layer(layer, cfg, h, rec: dict[str, torch.Tensor], cos, sin, mask, past: tuple | None, lib):
     """One decoder layer with autograd (`llama_layer.decoder_layer`), projections from the record.
-    Returns (h, (k, v)) with this pass's keys/values."""
+    Returns (h, (k, v)) with this pass's keys/values. lib: grpokit's C kernels (SiLU x up on the
+    recorded [gate | up], saving only it for backward) or None."""
     a, m = layer.self_attn, layer.mlp
     mods = {"qkv": (a.q_proj, a.k_proj, a.v_proj), "o": (a.o_proj,), "gu": (m.gate_proj, m.up_proj),
             "down": (m.down_proj,)}
@@ -213,7 +216,8 @@ def _layer(layer, cfg, h, rec: dict[str, torch.Tensor], cos, sin, mask, past: tu
     def project(name: str, x: torch.Tensor) -> torch.Tensor:
         return _project(x, rec[name], *mods[name])
 
-    h = decoder_layer(h, LayerSpec.of(layer, cfg), project=project, cos=cos, sin=sin, attend=attend)
+    h = decoder_layer(h, LayerSpec.of(layer, cfg), project=project, cos=cos, sin=sin, attend=attend,
+                      gated=lambda gu: silu_mul_halves(gu, m.act_fn, lib))
     return h, kv[0]
 
 
@@ -236,6 +240,7 @@ def reused_logprobs(model, record: ActivationRecord, rows: torch.Tensor, input_i
     layer has run (backward does not need them), so they do not add to the peak memory of backward.
     """
     T, dec, cfg = completion_length, model.get_decoder(), model.config
+    lib = kernels_for(model)
     Pp = input_ids.shape[1] - T
     P0 = record.prompt_ids.shape[1] - Pp                                  # columns trimmed on the left
     uniq, inv = torch.unique(rows // record.group_size, return_inverse=True)  # prompts of these rows
@@ -257,12 +262,12 @@ def reused_logprobs(model, record: ActivationRecord, rows: torch.Tensor, input_i
     for i, layer in enumerate(dec.layers):
         rec_p = {k: v.index_select(0, uniq)[:, P0:] if v.shape[0] != U or P0 else v
                  for k, v in record.prompt[i].items()}
-        hp, (k, v) = _layer(layer, cfg, hp, rec_p, cos_p, sin_p, keep[:, None], None)
+        hp, (k, v) = _layer(layer, cfg, hp, rec_p, cos_p, sin_p, keep[:, None], None, lib)
         if L:
             rec_c = {k2: _rows_view(v2[:L], rows).transpose(0, 1)                         # [n, L, D]
                      for k2, v2 in record.comp[i].items()}
             past = (k.index_select(0, inv), v.index_select(0, inv))
-            hc, _ = _layer(layer, cfg, hc, rec_c, cos_c, sin_c, c_mask, past)
+            hc, _ = _layer(layer, cfg, hc, rec_c, cos_c, sin_c, c_mask, past, lib)
         if consume:
             for part in (record.prompt[i], record.comp[i]):
                 for name in ("qkv", "o", "down"):

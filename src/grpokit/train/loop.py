@@ -128,13 +128,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     dist.barrier()
     resumed = state.dist.resume(state, out_dir)
     main = state.dist.is_main
-    if main:
-        (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    writer = MetricsWriter(out_dir / "metrics.jsonl", start_step=state.step) if main else Silent()
-    loggers = (build_loggers(cfg.run.report_to, out_dir, cfg.to_dict(), start_step=state.step)
-               if main else Silent())
-    tracker = (Tracker.from_config(cfg, out_dir, state.step, state.stream.examples, loggers)
-               if main else Silent())
+    writer, loggers, tracker = _open_outputs(state, out_dir) if main else (Silent(), Silent(), Silent())
     events.train_begin(state)
     if not resumed and state.eval_examples:
         loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, "before")))
@@ -179,6 +173,16 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     save_final(state, out_dir / "final")
     events.train_end(state)
     return state
+
+
+def _open_outputs(state: TrainState, out_dir: Path) -> tuple[MetricsWriter, object, Tracker]:
+    """Rank 0's outputs: config.json, metrics.jsonl (from the resumed step on), the experiment loggers
+    and the completions / prompts tracker."""
+    cfg = state.cfg
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    writer = MetricsWriter(out_dir / "metrics.jsonl", start_step=state.step)
+    loggers = build_loggers(cfg.run.report_to, out_dir, cfg.to_dict(), start_step=state.step)
+    return writer, loggers, Tracker.from_config(cfg, out_dir, state.step, state.stream.examples, loggers)
 
 
 def _log_step(state: TrainState, metrics: dict, timer: PhaseTimer, *, writer, loggers, bar, events) -> None:

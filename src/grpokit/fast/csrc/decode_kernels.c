@@ -6,9 +6,11 @@
  * LeanDecoder calls them):
  *
  *   gk_add_rms      h += y (the residual), then out = w * h / sqrt(mean(h^2) + eps)   (RMSNorm)
+ *   gk_rms_fwd, gk_rms_bwd  RMSNorm and its gradients for the training passes
  *   gk_rope_attend  optional per-head q/k RMSNorm, rotary on q and k, k and v written into the
  *                   cache at `slot`, then per head softmax(q k^T * scale + mask) v over slots 0..slot
- *   gk_silu_mul     out = silu(gate) * up (from a fused [gate | up] projection or two tensors)
+ *   gk_silu_mul     out = silu(gate) * up (from a fused [gate | up] projection or two tensors),
+ *                   gk_silu_mul_bwd its gradients (the training passes' MLP)
  *   gk_sample       one token per row from softmax(z / tau) by inverse CDF (the first i with
  *                   cdf_i > u cdf_V, given u ~ U[0,1)) or argmax, and its log-prob z_i / tau - logsumexp(z / tau)
  *   (whole_step.c) gk_decode_step: a whole decode step (embedding, every layer, lm-head) in one call
@@ -35,6 +37,40 @@ void gk_add_rms(float *h, const float *y, const float *w, float eps, int64_t n, 
         if (y)
             for (int64_t j = 0; j < H; j++) hr[j] += y[r * H + j];
         rms_row(hr, w, eps, H, out + r * H);
+    }
+}
+
+/* The training passes' RMSNorm: out [n, H] = w * (x * r) with r = 1 / sqrt(mean(x^2) + eps) per row,
+ * r [n] kept for backward. */
+void gk_rms_fwd(const float *x, const float *w, float eps, int64_t n, int64_t H, float *out, float *r) {
+#pragma omp parallel for if (n * H >= 65536)
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * H;
+        r[i] = 1.0f / sqrtf(dot(xi, xi, H) / (float)H + eps);
+        for (int64_t j = 0; j < H; j++) out[i * H + j] = w[j] * (xi[j] * r[i]);
+    }
+}
+
+/* Its backward, from dy [n, H]: with g = w * dy,
+ *   dx = r g - x r^3 (g . x) / H,   dw = sum_i dy_i * x_i r_i
+ * dw in `parts` fixed row ranges, partial sums dw_parts [parts, H] (summed by the caller): the same
+ * result for any thread count. */
+void gk_rms_bwd(const float *x, const float *w, const float *r, const float *dy, int64_t n, int64_t H,
+                int64_t parts, float *dx, float *dw_parts) {
+#pragma omp parallel for if (n * H >= 65536)
+    for (int64_t c = 0; c < parts; c++) {
+        float *dw = dw_parts + c * H;
+        for (int64_t j = 0; j < H; j++) dw[j] = 0.0f;
+        for (int64_t i = c * n / parts; i < (c + 1) * n / parts; i++) {
+            const float *xi = x + i * H, *di = dy + i * H;
+            float gx = 0.0f;
+            for (int64_t j = 0; j < H; j++) gx += w[j] * di[j] * xi[j];
+            float ri = r[i], k = gx * ri * ri * ri / (float)H;
+            for (int64_t j = 0; j < H; j++) {
+                dx[i * H + j] = ri * w[j] * di[j] - k * xi[j];
+                dw[j] += di[j] * xi[j] * ri;
+            }
+        }
     }
 }
 
@@ -101,7 +137,7 @@ void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, co
     }
 }
 
-/* Row r (< n) of the gate and up inputs of gk_silu_mul starts at (r / inner) so + (r % inner) si floats:
+/* Row r (< n) of the gate and up inputs of gk_silu_mul(_bwd) starts at (r / inner) so + (r % inner) si floats:
  * n rows si apart (inner = n), or an [n / inner, inner] grid of rows, e.g. a transposed [L, N, 2 I] record
  * read as [N, L, 2 I]. gate and up are two tensors, or the halves of one fused [gate | up] projection. */
 static inline int64_t gate_row(int64_t r, int64_t inner, int64_t so, int64_t si) {
@@ -124,6 +160,35 @@ void gk_silu_mul(const float *gate, const float *up, int64_t inner, int64_t so, 
         }
 #endif
         for (; j < I; j++) o[j] = g[j] / (1.0f + gk_exp(-g[j])) * u[j];
+    }
+}
+
+/* Backward of gk_silu_mul from d_out [n, I] (contiguous): with sigma = 1 / (1 + e^-g),
+ *   du = d_out * g sigma,   dg = d_out * u * sigma (1 + g (1 - sigma))
+ * in one pass (eager PyTorch reads and writes these tensors in three); row r of dg and du at r * d_stride. */
+void gk_silu_mul_bwd(const float *gate, const float *up, int64_t inner, int64_t so, int64_t si, const float *d_out,
+                     int64_t n, int64_t I, float *d_gate, float *d_up, int64_t d_stride) {
+#pragma omp parallel for if (n * I >= 65536)
+    for (int64_t r = 0; r < n; r++) {
+        const float *g = gate + gate_row(r, inner, so, si), *u = up + gate_row(r, inner, so, si), *d = d_out + r * I;
+        float *dg = d_gate + r * d_stride, *du = d_up + r * d_stride;
+        int64_t j = 0;
+#ifdef GK_AVX2
+        __m256 one = _mm256_set1_ps(1.0f);
+        for (; j + 8 <= I; j += 8) {
+            __m256 gj = _mm256_loadu_ps(g + j), dj = _mm256_loadu_ps(d + j);
+            __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, gk_exp8(_mm256_sub_ps(_mm256_setzero_ps(), gj))));
+            __m256 silu = _mm256_mul_ps(gj, sig);
+            _mm256_storeu_ps(du + j, _mm256_mul_ps(dj, silu));
+            __m256 slope = _mm256_mul_ps(sig, _mm256_add_ps(one, _mm256_sub_ps(gj, silu)));  /* sigma (1 + g - g sigma) */
+            _mm256_storeu_ps(dg + j, _mm256_mul_ps(_mm256_mul_ps(dj, _mm256_loadu_ps(u + j)), slope));
+        }
+#endif
+        for (; j < I; j++) {
+            float sig = 1.0f / (1.0f + gk_exp(-g[j]));
+            du[j] = d[j] * g[j] * sig;
+            dg[j] = d[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
+        }
     }
 }
 
