@@ -107,7 +107,7 @@ def summarize(steps: list[dict], warmup: int, flops: list[dict], peak: float, si
 
 
 def bench_state(args) -> tuple[TrainState, str]:
-    """The bench's training state (model, reference, optimizer) as trainer.build_state makes it, and the
+    """The bench's training state (model, reference, optimizer) as loop.build_state makes it, and the
     precision chosen."""
     model, tok = build_model(args.size, args.seed, args.mean_length, args.model)
     if args.gradient_checkpointing:
@@ -120,7 +120,7 @@ def bench_state(args) -> tuple[TrainState, str]:
                         "optim.learning_rate": 1e-6, "run.max_steps": args.steps,
                         "model.precision": args.precision,
                         "rollout.reuse_activations": args.reuse, "rollout.backend": args.backend})
-    precision, why = apply_precision(model, cfg)                          # as trainer.build_state does
+    precision, why = apply_precision(model, cfg)                          # as loop.build_state does
     print(f"bench: grpokit precision {precision} ({why})", file=sys.stderr)
     ref = reference_storage(frozen_reference(model), model) if args.beta > 0 else None
     opt, sched = make_optimizer(model, cfg)

