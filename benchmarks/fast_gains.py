@@ -145,9 +145,18 @@ def main() -> None:
         config, variants, steps = args.child
         child(config, variants.split(","), int(steps))
         return
+    configs, variants = args.configs.split(","), args.variants.split(",")
+    bad = [c for c in configs if c.partition(":")[0] not in ("demo", "tiny", "small")
+           or (c.partition(":")[2] and not c.partition(":")[2].isdigit())]
+    if bad:
+        p.error(f"--configs takes demo, tiny, small (tiny:256 for 256 tokens), got {', '.join(bad)}")
+    if set(variants) - set(VARIANTS) or variants[0] != "all":
+        p.error(f"--variants takes {', '.join(VARIANTS)}, with `all` first, got {args.variants}")
+    if args.steps < 1:
+        p.error(f"--steps must be >= 1, got {args.steps}")
     table = {}
-    for config in args.configs.split(","):
-        table[config] = measure(config, args.variants.split(","), args.steps, args.keep_rounds)
+    for config in configs:
+        table[config] = measure(config, variants, args.steps, args.keep_rounds)
         print(f"{config}: " + ", ".join(f"{v} {r['gain']:.2f}x" for v, r in table[config].items()),
               file=sys.stderr, flush=True)
     out = Path(args.out)
