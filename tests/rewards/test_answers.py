@@ -89,6 +89,15 @@ TABLE = [
     (r"\boxed{\text{(C)}}", r"\text{(C)}", True),
     (r"\boxed{\text{(C)}}", r"\text{(B)}", False),
     (r"\boxed{\text{Evelyn}}", "Evelyn", True),
+    # the question copied into the box: an expression to compute is not its value (a policy that
+    # found this on the arithmetic task scored 100% held-out while computing nothing)
+    (r"94-95=1. \boxed{94-95}", "-1", False),
+    (r"\boxed{42+11}", "53", False),
+    (r"\boxed{(34 + 31)}", "65", False),
+    (r"\boxed{2 \times 3}", "6", False),
+    (r"\boxed{2 \cdot 3 + 1}", "7", False),
+    (r"\boxed{94-95=-1}", "-1", True),           # an equation ending in the value states the value
+    (r"\boxed{x+1}", "1+x", True),                # symbolic references keep math-verify's judgement
 ]
 
 
@@ -155,6 +164,11 @@ def test_rule_reward_values():
     assert rule_reward(r"\boxed{\frac{1}{2}}", "0.5") == 1.5
     assert rule_reward(r"\boxed{18.004}", "18") == 1.5  # tolerance 0.01
     assert rule_reward(r"\boxed{18.02}", "18") == 0.5
+
+
+def test_the_chapter_rule_gives_a_boxed_expression_only_the_format_half():
+    assert rule_reward(r"94-95=1. \boxed{94-95}", "-1") == 0.5
+    assert rule_reward(r"94-95=-1. \boxed{-1}", "-1") == 1.5
 
 
 def test_math_verify_can_be_turned_off():

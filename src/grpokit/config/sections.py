@@ -189,6 +189,9 @@ class OptimConfig:
 class RunConfig:
     output_dir: str = _f("runs/grpo", "where metrics, checkpoints and the final model go")
     max_steps: int = _f(100, "optimizer steps")
+    max_minutes: float = _f(0.0, "also stop after the step that ends past this many minutes of training in "
+                            "this process (evaluations off the clock), then evaluate and save as at "
+                            "max_steps; 0 = max_steps only")
     seed: int = _f(0, "seed for data order, sampling and init")
     logging_steps: int = _f(1, "console log every N steps (metrics.jsonl gets every step)")
     eval_steps: int = _f(0, "evaluate on the held-out split every N steps; 0 = start and end only")

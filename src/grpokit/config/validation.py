@@ -146,6 +146,7 @@ def _check_optim_and_run(cfg: GRPOConfig) -> None:
     _check(bool(run.output_dir.strip()), "run.output_dir is empty: give a folder for the run, e.g. "
            "run.output_dir=runs/my-run")
     _check(run.max_steps >= 1, f"run.max_steps must be >= 1, got {run.max_steps}")
+    _check(run.max_minutes >= 0, f"run.max_minutes must be >= 0 (0 = no time budget), got {run.max_minutes}")
     for name in ("logging_steps",):
         _check(getattr(run, name) >= 1, f"run.{name} must be >= 1, got {getattr(run, name)}")
     for name in ("eval_steps", "save_steps", "log_completions_steps", "save_total_limit"):

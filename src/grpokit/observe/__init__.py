@@ -4,6 +4,7 @@
     loggers           TensorBoard, Weights & Biases, MLflow, Trackio behind one interface
     tracking          the completions log and the per-prompt history
     plots, report     `grpokit plot` figures and `grpokit report` page
+    accuracy_time     held-out accuracy against training seconds: time to a target accuracy
     demo, model_card  the demo's before/after table; the model card beside the final model
     experiments, experiment_plots, sweep_results   sweeps' tables, curves and figures
 """

@@ -14,6 +14,8 @@ Figures (from metrics.jsonl, plus eval.jsonl's held-out accuracy when present):
     length.png    completion length (mean, min-max band) and the share truncated at the limit
     training.png  loss and policy loss, token entropy, gradient norm, learning rate
     time.png      seconds per step by phase (stacked area, one panel per run) and tokens/s
+    time_to_accuracy.png   runs with held-out evaluations: accuracy against training minutes
+                  (grpokit.observe.accuracy_time; --target draws the line and names the time to it)
     reward_vs_verified.png   runs with a learned reward (rm:PATH) only: its mean beside the verified
                   accuracy of the same samples and the held-out accuracy (reward hacking shows as a gap)
 
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.errors import UserError, check_out_dir, written_aside
+from grpokit.observe.accuracy_time import accuracy_time_figure
 from grpokit.observe.metrics import PHASES, read_metrics
 from grpokit.observe.tracking import short_name
 
@@ -283,8 +286,9 @@ LEARNED_VS_VERIFIED = Panel("Learned reward vs verified accuracy", "mean RM rewa
                             eval_key="accuracy")
 
 
-def figures(runs: list[Run], smooth: float = DEFAULT_SMOOTH) -> dict[str, Any]:
-    """{name: matplotlib Figure} for the given runs (no files, no pyplot state)."""
+def figures(runs: list[Run], smooth: float = DEFAULT_SMOOTH, target: float | None = None) -> dict[str, Any]:
+    """{name: matplotlib Figure} for the given runs (no files, no pyplot state); `target`: the accuracy
+    line of the time-to-accuracy figure (drawn when a run has held-out evaluations)."""
     out = {}
     for name, (title, panels) in FIGURES.items():
         fig, axes = new_figure(len(panels), title, runs, smooth)
@@ -298,17 +302,20 @@ def figures(runs: list[Run], smooth: float = DEFAULT_SMOOTH) -> dict[str, Any]:
         fig.suptitle(f"Learned reward vs verified accuracy (smoothing {smooth:g})", fontsize=12)
         draw_panel(ax, LEARNED_VS_VERIFIED, runs, smooth)
         out["reward_vs_verified"] = fig
+    if any(r.evals for r in runs):
+        out["time_to_accuracy"] = accuracy_time_figure(runs, target, COLORS)
     return out
 
 
 def plot_run(run_dirs: str | Path | Sequence[str | Path], out_dir: str | Path | None = None,
-             smooth: float = DEFAULT_SMOOTH) -> list[Path]:
+             smooth: float = DEFAULT_SMOOTH, target: float | None = None) -> list[Path]:
     """Write the PNG figures of one run, or of several overlaid.
 
     Args:
         run_dirs: one run folder or several (each with a metrics.jsonl).
         out_dir: where the PNGs go; default <run>/plots for one run, ./plots-compare for several.
         smooth: EMA weight in [0, 1); 0 draws raw values only.
+        target: held-out accuracy marked on time_to_accuracy.png (None: no line).
 
     Returns:
         The paths written, e.g. [.../reward.png, .../zero_std.png, ...].
@@ -321,7 +328,7 @@ def plot_run(run_dirs: str | Path | Sequence[str | Path], out_dir: str | Path | 
     runs = load_runs(dirs)
     check_out_dir(out, "--out")  # before any figure is drawn
     paths = []
-    for name, fig in figures(runs, smooth).items():
+    for name, fig in figures(runs, smooth, target).items():
         path = out / f"{name}.png"
         with written_aside(path) as tmp:  # .tmp-<name>.png, then renamed: never half a figure
             fig.savefig(tmp, dpi=100)

@@ -5,7 +5,8 @@ compared with the reference. Comparison runs cheapest first and stops at the fir
 
 1. both sides parse as plain numbers (``1,000``, ``$18``, ``18.00``, ``50%``, ``3/4``,
    ``\\frac{1}{2}``, ``18 dollars``): equal when ``|pred - ref| <= tol`` (absolute tolerance, so
-   an off-by-one on a large GSM8K answer is still wrong);
+   an off-by-one on a large GSM8K answer is still wrong); against a numeric reference, numbers
+   joined by + - * (``94-95``) are wrong, an expression to compute rather than its value;
 2. the normalized strings are equal (spaces, ``$``, ``\\left``, ``\\text{}``, case ignored);
 3. math-verify decides LaTeX equivalence (``\\sqrt{2}/2`` = ``\\frac{\\sqrt{2}}{2}``, intervals,
    tuples, sets) under a hard deadline.
@@ -154,6 +155,9 @@ _PLAIN = re.compile(rf"(?P<s1>[+-])?\s*\$?\s*(?P<s2>[+-])?\s*(?P<num>{_NUM})\s*(
 _FRAC = re.compile(r"(?P<sign>[+-])?\s*\\frac\s*(?:\{(?P<a>[^{}]*)\}|(?P<a1>\d))"
                    r"\s*(?:\{(?P<b>[^{}]*)\}|(?P<b1>\d))")
 _SLASH = re.compile(rf"(?P<a>[+-]?\s*(?:{_NUM}))\s*/\s*(?P<b>[+-]?\s*(?:{_NUM}))")
+# Numbers joined by + - * x: an expression left for the checker to compute (``\boxed{94-95}`` for
+# "What is 94-95?"), not a final answer. math-verify would evaluate it and call it equal.
+_SUM = re.compile(rf"[+-]?\s*(?:{_NUM})(?:\s*(?:[-+*×]|\\times|\\cdot)\s*[+-]?\s*(?:{_NUM}))+")
 
 
 def _plain_number(s: str) -> float | None:
@@ -191,6 +195,11 @@ def normalize_number(text: str) -> float | None:
             if a is not None and b not in (None, 0.0):
                 value = (-1 if groups.get("sign") == "-" else 1) * a / b
     return value if value is not None and math.isfinite(value) else None
+
+
+def unevaluated_arithmetic(text: str) -> bool:
+    """Whether an answer is numbers joined by + - * (``94-95``, ``(2 \\times 3)``): not a value."""
+    return _SUM.fullmatch(_clean(text).strip("$").replace("(", "").replace(")", "").strip()) is not None
 
 
 def normalize_answer(text: str) -> str:
@@ -360,13 +369,17 @@ def answers_match(pred: str, ref: str, tol: float = 0.01, math_verify: bool = Tr
         timeout_s: deadline for one math-verify comparison; past it the answer is wrong.
 
     Returns:
-        True when the answers match by number, by normalized string, or by math-verify.
+        True when the answers match by number, by normalized string, or by math-verify. Against a
+        numeric reference, an unevaluated sum or product of numbers (``94-95`` for -1) is wrong: a
+        policy rewarded for it learns to copy the question into the box.
     """
     if pred is None or ref is None or not pred.strip() or not ref.strip():
         return False
     p, r = normalize_number(pred), normalize_number(ref)
     if p is not None and r is not None:
         return abs(p - r) <= tol
+    if r is not None and unevaluated_arithmetic(pred):
+        return False
     if normalize_answer(pred) == normalize_answer(ref):
         return True
     if not math_verify or not _math_verify_installed() or _POOL.broken:

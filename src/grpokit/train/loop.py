@@ -136,6 +136,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     step = step_function(cfg)  # GRPO's train_step, or PPO's (the critic baseline): chosen once, here
     bar = tqdm(total=cfg.run.max_steps, initial=state.step, disable=not (cfg.run.progress and main),
                desc="grpo", dynamic_ncols=True)
+    trained_s = 0.0  # training seconds in this process, evaluations off the clock (run.max_minutes)
     try:
         while state.step < cfg.run.max_steps:
             # phases inside: generate reward ref_forward old_forward advantage update save log
@@ -154,12 +155,14 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
                         events.save(out_dir / f"checkpoint-{state.step}")
                 with timer("log"):
                     _log_step(state, metrics, timer, writer=writer, loggers=loggers, bar=bar, events=events)
-            timer.pop()
+            trained_s += timer.pop().get("time/step", 0.0)
             if "after_step" in hooks:
                 hooks["after_step"](state, metrics)
             if events.step_end(state, metrics):  # a callback set control.should_training_stop
                 break
             _stop_on_bad_steps(state, out_dir)
+            if _out_of_time(state, trained_s):  # run.max_minutes
+                break
             if (cfg.run.eval_steps and state.eval_examples and state.step % cfg.run.eval_steps == 0
                     and state.step < cfg.run.max_steps):   # eval_limit = 0: nothing to evaluate, skip
                 loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, f"step{state.step}")))
@@ -202,6 +205,16 @@ def _log_step(state: TrainState, metrics: dict, timer: PhaseTimer, *, writer, lo
             tqdm.write(line)  # above the progress bar
         else:
             log.info(line)
+
+
+def _out_of_time(state: TrainState, trained_s: float) -> bool:
+    """run.max_minutes spent; every rank stops at the same step (the first rank past the budget decides)."""
+    budget = 60 * state.cfg.run.max_minutes
+    if not budget or state.dist.all_true(trained_s < budget):
+        return False
+    log.info("run.max_minutes=%g reached after step %d (%.0f s of training)", state.cfg.run.max_minutes,
+             state.step, trained_s)
+    return True
 
 
 def _stop_on_bad_steps(state: TrainState, out_dir: Path) -> None:
