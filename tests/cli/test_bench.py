@@ -21,9 +21,18 @@ def test_bench_prints_one_json_line_with_the_phases_and_equal_work():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["side"] == "grpokit"
     assert out["completion_tokens"] == 4 * 8 * 4                  # B x G x T with EOS blocked
+    assert out["micro_batch_size"] == 0                           # the whole batch per pass
     assert set(out["phases_s"]) == set(bench.PHASES)
     assert out["s_per_step"] > 0 and out["peak_rss_mib"] > 0 and len(out["all_steps_s"]) == 2
     assert 0 < out["peak_fraction"] and out["matmul_peak_gflops"] > 0
+
+
+def test_micro_batch_size_reaches_the_update_and_is_checked():
+    args = bench.parse_args(["--size", "tiny", "--micro-batch-size", "8"])
+    state, _ = bench.bench_state(args)
+    assert state.cfg.optim.micro_batch_size == 8
+    proc = _run("--micro-batch-size", "5")                        # B x G = 32
+    assert proc.returncode == 2 and "--micro-batch-size must be 0 or divide B x G = 32" in proc.stderr
 
 
 def test_compare_line_takes_the_median_ratio_over_rounds():

@@ -7,14 +7,9 @@ import torch
 
 from grpokit.config.schema import build_config
 from grpokit.core.loss import grpo_objective_from_logprobs
+from grpokit.model.buckets import length_buckets, micro_batches
 from grpokit.model.loading import frozen_reference
-from grpokit.model.logprobs import (
-    can_share_prompts,
-    length_buckets,
-    micro_batches,
-    per_token_logprobs,
-    position_ids_from_mask,
-)
+from grpokit.model.logprobs import can_share_prompts, per_token_logprobs, position_ids_from_mask
 from grpokit.model.testing import bench_prompts, build_model
 from grpokit.observe.metrics import PhaseTimer
 from grpokit.rollout.groups import sample_groups
@@ -72,9 +67,9 @@ def _plain_logprobs(model, r, temperature=1.0):
     return logp.gather(-1, ids[:, -T:, None]).squeeze(-1)
 
 
-def _zero_launch_cost(pm, cm, mb, n_params, by_length=True):
+def _zero_launch_cost(pm, cm, mb, n_params, by_length=True, prompt_ids=None):
     """micro_batches with no launch cost: as many length buckets as padding makes worthwhile."""
-    return micro_batches(pm, cm, mb, 10**12, by_length)
+    return micro_batches(pm, cm, mb, 10**12, by_length, prompt_ids=prompt_ids)
 
 
 def test_bucketed_reference_forward_equals_plain(varied_batch, monkeypatch):

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 from grpokit import fast
 from grpokit.config.schema import build_config
 from grpokit.fast import reuse
-from grpokit.model import logprobs
+from grpokit.model import buckets
 from grpokit.model.logprobs import per_token_logprobs
 from grpokit.model.testing import VOCAB, bench_prompts, build_tokenizer
 from grpokit.rollout.groups import sample_groups
@@ -295,7 +295,7 @@ def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypat
     # a micro-batch's launch cost as for a ~100M-parameter model (the test model's 0.1M would make one
     # micro-batch always cheapest)
     monkeypatch.setattr(reuse, "launch_tokens", lambda n: 10.0)
-    monkeypatch.setattr(logprobs, "launch_tokens", lambda n: 10.0)
+    monkeypatch.setattr(buckets, "launch_tokens", lambda n: 10.0)
     spread_model = build("qwen2", tok, mean_length=6.0)
     torch.manual_seed(5)
     spread, spread_rec = recorded(spread_model, tok, prompts(), 4, 40, backend="fast", record=True)

@@ -118,6 +118,7 @@ def bench_state(args) -> tuple[TrainState, str]:
                         "rollout.prompts_per_step": args.prompts,
                         "rollout.max_completion_length": args.completion_length,
                         "optim.learning_rate": 1e-6, "run.max_steps": args.steps,
+                        "optim.micro_batch_size": args.micro_batch_size,
                         "model.precision": args.precision,
                         "rollout.reuse_activations": args.reuse, "rollout.backend": args.backend})
     precision, why = apply_precision(model, cfg)                          # as loop.build_state does
@@ -162,7 +163,8 @@ def run_grpokit(args) -> dict:
         steps.append(row)
         p_tok, n_comp, rows = float(r.prompt_mask.sum()), row["completion_tokens"], r.prompt_mask.shape[0]
         flops.append(model_flops(state.model, p_tok, n_comp, p_tok / rows, n_comp / rows, reused=reused))
-    return summarize(steps, args.warmup, flops, peak, "grpokit", peak_bf16=peak_bf16, precision=precision)
+    out = summarize(steps, args.warmup, flops, peak, "grpokit", peak_bf16=peak_bf16, precision=precision)
+    return {**out, "micro_batch_size": args.micro_batch_size}
 
 
 def _side(args, side: str) -> dict:
@@ -195,6 +197,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    choices=(True, False, "auto"), metavar="{auto,true,false}",
                    help="rollout.reuse_activations (default auto)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="both sides recompute activations")
+    p.add_argument("--micro-batch-size", type=int, default=0,
+                   help="grpokit's optim.micro_batch_size: completions per pass (0 = the whole batch)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare-trl", action="store_true", help="also run TRL's GRPOTrainer, print the ratio")
@@ -214,6 +218,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              ("--completion-length", args.completion_length, 1)):
         if value < low:
             p.error(f"{flag} must be >= {low}, got {value}")
+    batch = args.prompts * args.num_generations
+    if args.micro_batch_size < 0 or (args.micro_batch_size and batch % args.micro_batch_size):
+        p.error(f"--micro-batch-size must be 0 or divide B x G = {batch}, got {args.micro_batch_size}")
     folder = Path(args.model or ".").expanduser()
     if args.model and args.model != SMOLLM2_ALIAS and not (folder / "config.json").is_file():
         p.error(f"--model '{args.model}' is not a transformers model folder (no config.json): give a local "

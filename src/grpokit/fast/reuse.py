@@ -28,13 +28,12 @@ import torch.nn.functional as F
 
 from grpokit.fast.fused_ops import silu_mul_halves
 from grpokit.fast.native import kernels_for
+from grpokit.model.buckets import launch_tokens, length_buckets, micro_batches
 from grpokit.model.llama_layer import LayerSpec, decoder_layer, rms_norm, signed_sin
 from grpokit.model.logprobs import (
     checkpointing_enabled,
     head_logprobs,
-    launch_tokens,
-    length_buckets,
-    micro_batches,
+    model_shares_prompts,
     position_ids_from_mask,
 )
 from grpokit.model.precision import compute_dtype
@@ -344,8 +343,9 @@ def update_plan(state, rollout, record: ActivationRecord | None) -> tuple[list[t
     n_params = sum(p.numel() for p in state.model.parameters())
     # bnpo normalizes per micro-batch, so it keeps the plain consecutive slices (its math does not depend
     # on the lengths); everything else groups rows of similar length (less padding).
+    shared = rollout.prompt_ids if model_shares_prompts(state.model) else None   # a group's prompt runs once
     groups = micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params,
-                           by_length=cfg.loss.loss_type != "bnpo")
+                           by_length=cfg.loss.loss_type != "bnpo", prompt_ids=shared)
     if record is None or not (state.dist.world_size == 1 and record.usable(state.model, rollout)):
         return groups, None, False
     if cfg.rollout.reuse_activations is True:

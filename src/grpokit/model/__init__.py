@@ -4,7 +4,8 @@
     reference    pi_ref: a frozen copy, its reset towards the policy
     lora         LoRA adapters (the [peft] extra)
     precision    fp32 master weights with bf16 compute where the hardware has native bf16 matmuls
-    logprobs     [D] per_token_logprobs without a [B, T, V] log-softmax; micro-batch planning
+    logprobs     [D] per_token_logprobs without a [B, T, V] log-softmax
+    buckets      micro-batch plans for the log-prob passes (length buckets, a group's prompt run once)
     llama_layer  one Llama-family decoder layer in PyTorch (the lean decoder and the reuse path share it)
     testing      random-init models and fixed work for tests and benchmarks, built offline
 """

@@ -220,12 +220,17 @@ def can_share_prompts(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         _prompt_groups(input_ids, attention_mask, T)[0].shape[0] < input_ids.shape[0]
 
 
-def _can_share(model, input_ids: torch.Tensor, T: int) -> bool:
-    """The model-side conditions of `can_share_prompts` (no look at the prompts themselves)."""
+def model_shares_prompts(model) -> bool:
+    """The model-side conditions of `can_share_prompts`: a known cache-capable decoder, a plain lm-head, no
+    gradient checkpointing (no look at the prompts themselves)."""
     cfg = getattr(model, "config", None)
-    if getattr(cfg, "model_type", "") not in CACHE_MODEL_TYPES or not _uses_plain_head(model):
-        return False
-    return input_ids.shape[0] >= 2 and input_ids.shape[1] > T and not checkpointing_enabled(model)
+    return getattr(cfg, "model_type", "") in CACHE_MODEL_TYPES and _uses_plain_head(model) \
+        and not checkpointing_enabled(model)
+
+
+def _can_share(model, input_ids: torch.Tensor, T: int) -> bool:
+    """`model_shares_prompts` and a batch shape it applies to."""
+    return model_shares_prompts(model) and input_ids.shape[0] >= 2 and input_ids.shape[1] > T
 
 
 def _prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -300,63 +305,3 @@ def _select_cache_rows(cache, rows: torch.Tensor) -> None:
         return
     for layer in layers:
         layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
-
-
-def length_buckets(lengths: torch.Tensor, max_rows: int, overhead_tokens: float) -> list[torch.Tensor]:
-    """Split rows into micro-batches of similar length, so padding costs little.
-
-    Each micro-batch is trimmed to its longest row, so its cost is rows x max_length token-slots, plus a
-    fixed launch cost of `overhead_tokens` (Python and kernel overhead of one forward + backward, in
-    token-equivalents). Rows are sorted by length (longest first) and cut by dynamic programming into
-    consecutive groups of at most `max_rows` that minimize
-
-        sum_groups (rows_g * max_len_g + overhead_tokens).
-
-    Equal lengths give ceil(N / max_rows) groups in order, the plain micro-batching.
-
-    Args:
-        lengths: [N] tokens per row (prompt + completion, or completion alone).
-        max_rows: largest micro-batch.
-        overhead_tokens: the launch cost of one micro-batch in token-slots.
-
-    Returns:
-        Index tensors (long) of the rows of each micro-batch, longest group first.
-    """
-    N = lengths.numel()
-    order = torch.sort(lengths, descending=True, stable=True).indices
-    if N == 0 or bool((lengths == lengths.max()).all()):
-        return [order[s:s + max_rows] for s in range(0, N, max_rows)] if N else []
-    sl = lengths[order].tolist()
-    best = [0.0] + [float("inf")] * N                                     # best[j]: cost of rows [0, j)
-    cut = [0] * (N + 1)
-    for j in range(1, N + 1):
-        for i in range(max(0, j - max_rows), j):                          # group [i, j) has max length sl[i]
-            c = best[i] + (j - i) * sl[i] + overhead_tokens
-            if c < best[j]:
-                best[j], cut[j] = c, i
-    groups, j = [], N
-    while j > 0:
-        groups.append(order[cut[j]:j])
-        j = cut[j]
-    return groups[::-1]
-
-
-def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_rows: int,
-                  n_params: int = 0, by_length: bool = True) -> list[torch.Tensor]:
-    """Row indices of each micro-batch: length buckets (`length_buckets`) or plain consecutive slices.
-
-    The fixed cost of a micro-batch is taken as ~40 ms of forward + backward at ~150 GFLOP/s, i.e.
-    1e9 / n_params token-slots (about 900 for a 1M-parameter model, 40 for a 24M one, 7 for 135M): a
-    micro-batch pays Python and kernel launches on every layer, and short ones run small, slow
-    matmuls; on the 24M bench model, natural lengths, 12 buckets (5 ms) took 2.72 s and 5 (40 ms) 2.34 s.
-    """
-    N = completion_mask.shape[0]
-    if not by_length:
-        return [torch.arange(s, min(s + max_rows, N)) for s in range(0, N, max_rows)]
-    lengths = (prompt_mask.sum(-1) + completion_mask.sum(-1)).cpu()       # [N]
-    return length_buckets(lengths, max_rows, launch_tokens(n_params))
-
-
-def launch_tokens(n_params: int) -> float:
-    """The fixed cost of one micro-batch in token-slots (see `micro_batches`)."""
-    return 1e9 / max(n_params, 1)

@@ -15,7 +15,8 @@ import torch
 
 from grpokit import fast
 from grpokit.core.loss import grpo_objective_from_logprobs, logprob_mismatch, truncated_is_weights
-from grpokit.model.logprobs import micro_batches, per_token_logprobs
+from grpokit.model.buckets import micro_batches
+from grpokit.model.logprobs import model_shares_prompts, per_token_logprobs
 from grpokit.observe.metrics import PhaseTimer
 from grpokit.rollout.groups import Rollout
 from grpokit.train.state import TrainState
@@ -51,8 +52,10 @@ def forward_logprobs(model, rollout: Rollout, cfg: GRPOConfig, fn=per_token_logp
     mb = cfg.optim.micro_batch_size or N
     out = torch.zeros(N, T, device=rollout.completion_ids.device)
     n_params = sum(p.numel() for p in model.parameters())
-    with torch.inference_mode():   # rows of similar length together: little padding (logprobs.micro_batches)
-        for rows in micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params):
+    shared = rollout.prompt_ids if model_shares_prompts(model) else None   # each prompt once per micro-batch
+    with torch.inference_mode():   # rows of similar length together: little padding (buckets.micro_batches)
+        for rows in micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params,
+                                  prompt_ids=shared):
             rows = rows.to(out.device)
             lp, t = rows_logprobs(model, rollout, rows, cfg.rollout.temperature, fn=fn)
             out[rows, :t] = lp
