@@ -76,9 +76,19 @@ def prompt_buckets(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completi
     Returns:
         Index tensors (long) of the rows of each micro-batch; together a partition of range(N).
     """
+    return _by_prompt(_prompt_index(prompt_ids, prompt_mask), prompt_mask.sum(-1), completion_lengths,
+                      max_rows, overhead_tokens)
+
+
+def _prompt_index(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """[N] row -> index of its distinct prompt (ids and mask both equal)."""
     keys = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1)
-    _, inv = torch.unique(keys, dim=0, return_inverse=True)              # [N] row -> prompt
-    p_len = prompt_mask.sum(-1)
+    return torch.unique(keys, dim=0, return_inverse=True)[1]
+
+
+def _by_prompt(inv: torch.Tensor, p_len: torch.Tensor, completion_lengths: torch.Tensor, max_rows: int,
+               overhead_tokens: float) -> list[torch.Tensor]:
+    """`prompt_buckets` given each row's prompt index `inv` [N] and prompt length `p_len` [N]."""
     chunks = []                                                           # (rows, prompt length, max T)
     for u in range(int(inv.max()) + 1 if inv.numel() else 0):
         rows = (inv == u).nonzero().flatten()
@@ -122,10 +132,10 @@ def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_
         return [torch.arange(s, min(s + max_rows, N)) for s in range(0, N, max_rows)]
     overhead = launch_tokens(n_params)
     if prompt_ids is not None and N > 1:
-        keys = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1).cpu()
-        if torch.unique(keys, dim=0).shape[0] < N:                       # some prompt runs for several rows
-            return prompt_buckets(prompt_ids.cpu(), prompt_mask.cpu(), completion_mask.sum(-1).cpu(),
-                                  max_rows, overhead)
+        inv = _prompt_index(prompt_ids.cpu(), prompt_mask.cpu())
+        if int(inv.max()) + 1 < N:                                        # some prompt runs for several rows
+            return _by_prompt(inv, prompt_mask.sum(-1).cpu(), completion_mask.sum(-1).cpu(), max_rows,
+                              overhead)
     lengths = (prompt_mask.sum(-1) + completion_mask.sum(-1)).cpu()       # [N]
     return length_buckets(lengths, max_rows, overhead)
 
