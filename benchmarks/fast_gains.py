@@ -17,6 +17,8 @@ without that speed-up, which pays 1.20x. Configs:
     demo        `grpokit train`'s built-in demo (0.8M-parameter char model, B=16 x G=8, fp32)
     tiny/small  `grpokit bench --size S --completion-length 64 --fixed-length --precision fp32`
                 (small's default precision, auto, is bf16 on this CPU, where no C kernel applies)
+    smollm2     `grpokit bench --model smollm2-135m-instruct --completion-length 64 --fixed-length
+                --precision bf16 --micro-batch-size 8` (the real model, bf16 mixed precision)
 
 Results: benchmarks/results/fast_gains.json and a markdown table on stdout (docs/performance.md).
 """
@@ -34,7 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("all", "plain", "gqa", "decode_kernels", "whole_step", "reuse")
+VARIANTS = ("all", "plain", "gqa", "small_attention", "decode_kernels", "whole_step", "reuse")
+CONFIG_NAMES = ("demo", "tiny", "small", "smollm2")
 BENCH_ARGS = ["--fixed-length", "--precision", "fp32"]
 OUT = Path(__file__).resolve().parent / "results" / "fast_gains.json"
 
@@ -50,6 +53,7 @@ def switched_off(variant: str, state) -> None:
 
     swaps = {"plain": [(fast, "accelerated", lambda *a, **k: fast.plain())],
              "gqa": [(fast, "_grouped_kv_with_masks", _nothing)],
+             "small_attention": [(fast.small_attention, "installed", _nothing)],
              "decode_kernels": [(fast, "kernels_for", lambda model: None)],
              "whole_step": [(fast, "whole_step_for", lambda decoder, rows: None)],
              "reuse": [(state.cfg.rollout, "reuse_activations", False)]}.get(variant, [])
@@ -73,12 +77,15 @@ def _demo_runner(out_dir: str):
 
 
 def _bench_runner(config: str):
-    """config: "tiny" or "small", optionally ":T" for T completion tokens (default 64)."""
+    """config: "tiny", "small" or "smollm2" (bf16, micro-batches of 8), optionally ":T" for T completion
+    tokens (default 64)."""
     from grpokit.cli.bench import bench_state, bench_step, parse_args
     from grpokit.model.testing import bench_prompts
 
     size, _, tokens = config.partition(":")
-    args = parse_args(["--size", size, *BENCH_ARGS, "--completion-length", tokens or "64"])
+    model = ["--model", "smollm2-135m-instruct", "--fixed-length", "--precision", "bf16",
+             "--micro-batch-size", "8"] if size == "smollm2" else ["--size", size, *BENCH_ARGS]
+    args = parse_args([*model, "--completion-length", tokens or "64"])
     state, _ = bench_state(args)
     prompts = bench_prompts(args.prompts)
     return state, lambda: bench_step(state, prompts, args)
@@ -134,7 +141,7 @@ def measure(config: str, variants: list[str], steps: int, keep_rounds: int) -> d
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="demo,tiny,small",
-                   help="comma-separated: demo, tiny, small; tiny:256 = 256 completion tokens")
+                   help="comma-separated: demo, tiny, small, smollm2; tiny:256 = 256 completion tokens")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, `all` first")
     p.add_argument("--steps", type=int, default=12, help="timed steps per variant")
     p.add_argument("--keep-rounds", type=int, default=2, help="process pairs for keep_memory (0: none)")
@@ -146,10 +153,10 @@ def main() -> None:
         child(config, variants.split(","), int(steps))
         return
     configs, variants = args.configs.split(","), args.variants.split(",")
-    bad = [c for c in configs if c.partition(":")[0] not in ("demo", "tiny", "small")
+    bad = [c for c in configs if c.partition(":")[0] not in CONFIG_NAMES
            or (c.partition(":")[2] and not c.partition(":")[2].isdigit())]
     if bad:
-        p.error(f"--configs takes demo, tiny, small (tiny:256 for 256 tokens), got {', '.join(bad)}")
+        p.error(f"--configs takes {', '.join(CONFIG_NAMES)} (tiny:256 for 256 tokens), got {', '.join(bad)}")
     if set(variants) - set(VARIANTS) or variants[0] != "all":
         p.error(f"--variants takes {', '.join(VARIANTS)}, with `all` first, got {args.variants}")
     if args.steps < 1:

@@ -13,6 +13,7 @@ grpokit's: loss_type "grpo" (TRL: "dapo"), one optimizer step per generation bat
 (per_device_train_batch_size = generation_batch_size = B * G), gradient checkpointing off (TRL: on,
 which only costs time here).
 
+Training ends at run.max_steps or after run.max_minutes of training time, as grpokit's does.
 Every run.eval_steps steps the clock stops and grpokit's `evaluate` runs on TRL's live model, in the
 precision grpokit's run computes in (model.precision resolved the same way), on the same run.eval_limit
 held-out problems. OUT gets metrics.jsonl (step, reward_mean, kl, time/step) and eval.jsonl (grpokit's
@@ -109,7 +110,10 @@ def _train(cfg, out: Path, model, tok, data, held_out, choice: str, tmp: str) ->
             self.dt = time.perf_counter() - self.t0
             self.seconds += self.dt
             step = state.global_step
-            last = step == cfg.run.max_steps
+            out_of_time = bool(cfg.run.max_minutes) and self.seconds >= cfg.run.max_minutes * 60
+            if out_of_time:                           # run.max_minutes: the same training time as grpokit's
+                control.should_training_stop = True
+            last = step == cfg.run.max_steps or out_of_time
             if last or (cfg.run.eval_steps and step % cfg.run.eval_steps == 0):
                 held_out_eval("after" if last else f"step{step}", step, self.seconds)
 

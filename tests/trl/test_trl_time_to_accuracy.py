@@ -28,9 +28,9 @@ def test_trl_gets_the_configs_work(tmp_path):
     n = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
     assert args.per_device_train_batch_size == args.generation_batch_size == n
     assert args.num_generations == cfg.rollout.num_generations
-    assert (args.max_completion_length, args.temperature) == (cfg.rollout.max_completion_length, 0.7)
+    assert (args.max_completion_length, args.temperature) == (cfg.rollout.max_completion_length, 1.0)
     assert (args.beta, args.epsilon, args.loss_type) == (cfg.loss.beta, cfg.loss.epsilon, "grpo")
-    assert (args.learning_rate, args.adam_beta2, args.max_grad_norm) == (2e-5, cfg.optim.adam_beta2, 1.0)
+    assert (args.learning_rate, args.adam_beta2, args.max_grad_norm) == (1e-5, cfg.optim.adam_beta2, 1.0)
     assert args.max_steps == cfg.run.max_steps and not args.gradient_checkpointing
     assert args.bf16  # TRL keeps its own default mixed precision on the CPU
 
@@ -48,6 +48,16 @@ def test_a_tiny_run_writes_rows_that_grpokit_plot_reads(tmp_path, capsys):
     assert cli_main(["plot", str(out), "--out", str(tmp_path / "plots"), "--target", "0.99"]) == 0
     assert "trl_run: " in capsys.readouterr().out
     assert (tmp_path / "plots" / "time_to_accuracy.png").is_file()
+
+
+def test_run_max_minutes_ends_trls_training_as_it_ends_grpokits(tmp_path):
+    out = tmp_path / "trl_run"
+    tiny = [x for x in TINY if not x.startswith("run.max_steps=")]
+    assert tta.main([str(ROOT / "configs" / "smollm2_arith_cpu.yaml"), *tiny, "run.max_steps=50",
+                     "run.max_minutes=1e-6", "model.precision=fp32", "task.chat_template=false",
+                     "task.few_shot=0", "--out", str(out)]) == 0
+    evals = [json.loads(x) for x in (out / "eval.jsonl").read_text().splitlines()]
+    assert [(e["tag"], e["step"]) for e in evals] == [("before", 0), ("after", 1)]   # out of time at step 1
 
 
 def test_a_bad_override_or_a_used_folder_is_a_one_line_error(tmp_path, capsys):

@@ -13,9 +13,12 @@ activation record. Inside it, where they apply (the C kernels: float32 on the CP
     glibc keeps freed memory                  native            1.32x tiny, 0.98x demo, 1.02x small
     grouped K/V with a mask in SDPA           (this module)     0.97-1.02x; kept for memory: no
                                                                 repeat_kv copies saved for backward
+    short training passes' attention as two   small_attention   1.08x SmolLM2 bf16 (7.41 vs 8.00 s a
+    matmuls instead of SDPA's flash kernel                      step; its flash backward ~5x its forward)
 
 Measured by benchmarks/fast_gains.py (2026-12-02, 2 threads, fp32; demo = `grpokit train`'s built-in
-demo, tiny / small = `grpokit bench --size S --completion-length 64 --fixed-length`); the memory by
+demo, tiny / small = `grpokit bench --size S --completion-length 64 --fixed-length`; SmolLM2 = its
+`smollm2` config: bf16, micro-batches of 8, 6 interleaved steps); the memory by
 `grpokit bench --size small --completion-length 256 --fixed-length --steps 3` (auto = bf16, where the
 fused RMSNorm runs on the fp32 residual stream). In bf16 the decode kernels, the whole step and reuse
 do not run. The training passes' C attention (forward and backward) was removed that day: it paid
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpokit.fast import fused_ops, native, reuse, whole_step
+from grpokit.fast import fused_ops, native, reuse, small_attention, whole_step
 from grpokit.model.logprobs import checkpointing_enabled
 
 reused_logprobs = reuse.reused_logprobs   # the update's forward on a record (update.rows_logprobs)
@@ -100,6 +103,7 @@ def accelerated(model: torch.nn.Module, cfg=None, *, world_size: int = 1, enable
         if not checkpointing_enabled(model):  # a checkpointed recompute would run the class's forward later
             stack.enter_context(fused_ops.fused_ops(model))
         stack.enter_context(_grouped_kv_with_masks(_device(model)))
+        stack.enter_context(small_attention.installed())
         token = _SCOPE.set(scope)
         stack.callback(_SCOPE.reset, token)
     try:

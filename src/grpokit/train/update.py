@@ -17,6 +17,7 @@ from grpokit import fast
 from grpokit.core.loss import grpo_objective_from_logprobs, logprob_mismatch, truncated_is_weights
 from grpokit.model.buckets import micro_batches
 from grpokit.model.logprobs import model_shares_prompts, per_token_logprobs
+from grpokit.model.precision import autocast_for
 from grpokit.observe.metrics import PhaseTimer
 from grpokit.rollout.groups import Rollout
 from grpokit.train.state import TrainState
@@ -86,42 +87,44 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
         use = record if it == 0 else None                 # later iterations run on updated weights
         sums: dict[str, torch.Tensor] = {}
         loss_finite = torch.tensor(True)
-        for g, rows in enumerate(groups):
-            rows = rows.to(loss_mask.device)
-            dist.sync_grads(state.model, g == n_micro - 1)   # reduce over ranks on the last micro-batch only
-            (new_lp, entropy), T = rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature,
-                                                  fn=logprobs_fn, record=use, consume=last_use,
-                                                  return_entropy=True)
-            m = loss_mask[rows, :T]
-            a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
-            tis, tis_mets = None, {}
-            if other_sampler:  # pi_old (the trainer) vs the engine that sampled: measure, then correct
-                base = new_lp.detach() if old_lp is None else old_lp[rows, :T]
-                sampled = rollout.sampling_logprobs[rows, :T].to(base.device)
-                if it == 0:
-                    tis_mets = logprob_mismatch(base, sampled, m)
-                    worst = tis_mets.pop("mismatch/abs_logprob_diff_max").cpu()
-                    mismatch_max = torch.maximum(mismatch_max, worst)
-            if use_tis:  # weight by min(pi_old / pi_sampler, cap) (loss.truncated_is_weights)
-                tis, weight_mets = truncated_is_weights(base, sampled, m, lo.tis_level, lo.tis_cap)
-                tis_mets.update(weight_mets)
-            loss, mets = grpo_objective_from_logprobs(
-                new_lp, None if old_lp is None else old_lp[rows, :T],
-                None if ref_lp is None else ref_lp[rows, :T], m, a, lo.epsilon, beta,
-                clip_eps_high=cfg.epsilon_high, delta=lo.delta, loss_type=lo.loss_type,
-                importance_sampling_level=lo.importance_sampling_level, num_sequences=num_seqs,
-                num_tokens=num_tokens, max_completion_length=cfg.rollout.max_completion_length,
-                tis_weights=tis,
-                kl_bias_correction=lo.use_bias_correction_kl)
-            mets.update(tis_mets)
-            loss_finite = loss_finite & torch.isfinite(loss.detach()).cpu()  # one sync per update, below
-            (loss * bnpo_scale * dist.grad_scale).backward()    # DDP averages over ranks: x W gives the sum
-            # Micro-batch losses are normalized by whole-batch counts, so they add up to the batch loss;
-            # token-level metrics are averaged with token weights.
-            mets["entropy"] = (entropy * m).sum() / m.sum().clamp(min=1.0)
-            for k, v in mets.items():
-                add = v * m.sum() if k in token_metrics else v * bnpo_scale
-                sums[k] = sums.get(k, 0.0) + add
+        # one autocast scope for all micro-batches: in bf16 each fp32 weight is cast once per update
+        with autocast_for(state.model):
+            for g, rows in enumerate(groups):
+                rows = rows.to(loss_mask.device)
+                dist.sync_grads(state.model, g == n_micro - 1)   # reduce over ranks on the last one only
+                (new_lp, entropy), T = rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature,
+                                                      fn=logprobs_fn, record=use, consume=last_use,
+                                                      return_entropy=True)
+                m = loss_mask[rows, :T]
+                a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
+                tis, tis_mets = None, {}
+                if other_sampler:  # pi_old (the trainer) vs the engine that sampled: measure, then correct
+                    base = new_lp.detach() if old_lp is None else old_lp[rows, :T]
+                    sampled = rollout.sampling_logprobs[rows, :T].to(base.device)
+                    if it == 0:
+                        tis_mets = logprob_mismatch(base, sampled, m)
+                        worst = tis_mets.pop("mismatch/abs_logprob_diff_max").cpu()
+                        mismatch_max = torch.maximum(mismatch_max, worst)
+                if use_tis:  # weight by min(pi_old / pi_sampler, cap) (loss.truncated_is_weights)
+                    tis, weight_mets = truncated_is_weights(base, sampled, m, lo.tis_level, lo.tis_cap)
+                    tis_mets.update(weight_mets)
+                loss, mets = grpo_objective_from_logprobs(
+                    new_lp, None if old_lp is None else old_lp[rows, :T],
+                    None if ref_lp is None else ref_lp[rows, :T], m, a, lo.epsilon, beta,
+                    clip_eps_high=cfg.epsilon_high, delta=lo.delta, loss_type=lo.loss_type,
+                    importance_sampling_level=lo.importance_sampling_level, num_sequences=num_seqs,
+                    num_tokens=num_tokens, max_completion_length=cfg.rollout.max_completion_length,
+                    tis_weights=tis,
+                    kl_bias_correction=lo.use_bias_correction_kl)
+                mets.update(tis_mets)
+                loss_finite = loss_finite & torch.isfinite(loss.detach()).cpu()  # one sync per update, below
+                (loss * bnpo_scale * dist.grad_scale).backward()  # DDP averages over ranks: x W, the sum
+                # Micro-batch losses are normalized by whole-batch counts, so they add up to the batch loss;
+                # token-level metrics are averaged with token weights.
+                mets["entropy"] = (entropy * m).sum() / m.sum().clamp(min=1.0)
+                for k, v in mets.items():
+                    add = v * m.sum() if k in token_metrics else v * bnpo_scale
+                    sums[k] = sums.get(k, 0.0) + add
         if use is not None:
             use.release()
         with timer("optimizer"):
