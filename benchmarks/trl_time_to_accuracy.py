@@ -10,8 +10,11 @@ instruction, few-shot demonstrations), the rule reward, G, B, the learning rate,
 token limit, temperature, AdamW betas, weight decay and gradient clipping. TRL 1.16 keeps its own
 default precision (bf16=True with use_cpu=True); its defaults that would change the work are set to
 grpokit's: loss_type "grpo" (TRL: "dapo"), one optimizer step per generation batch of B * G
-(per_device_train_batch_size = generation_batch_size = B * G), gradient checkpointing off (TRL: on,
-which only costs time here).
+(generation_batch_size = B * G), gradient checkpointing off (TRL: on, which only costs time here).
+grpokit's optim.micro_batch_size becomes TRL's per_device_train_batch_size, with the gradient
+accumulated over the B * G / micro_batch_size passes (the same update: TRL's "grpo" loss divides each
+pass's mean by the accumulation steps); 0 means one pass of B * G rows, as grpokit's 0 does. A whole
+GSM8K batch in one pass (32 rows of ~750 tokens, a 49k vocabulary) does not fit in 24 GiB.
 
 Training ends at run.max_steps or after run.max_minutes of training time, as grpokit's does.
 Every run.eval_steps steps the clock stops and grpokit's `evaluate` runs on TRL's live model, in the
@@ -46,9 +49,10 @@ def trl_config(cfg, out_dir: str):
 
     r, loss, opt = cfg.rollout, cfg.loss, cfg.optim
     n = r.prompts_per_step * r.num_generations
+    rows = opt.micro_batch_size or n         # the config already refuses a micro-batch that doesn't divide n
     return GRPOConfig(
-        output_dir=out_dir, per_device_train_batch_size=n, generation_batch_size=n,
-        gradient_accumulation_steps=1, num_generations=r.num_generations,
+        output_dir=out_dir, per_device_train_batch_size=rows, generation_batch_size=n,
+        gradient_accumulation_steps=n // rows, num_generations=r.num_generations,
         max_completion_length=r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
         top_k=r.top_k, beta=loss.beta, epsilon=loss.epsilon, loss_type=loss.loss_type,
         scale_rewards=loss.scale_rewards, num_iterations=loss.num_iterations,
@@ -65,7 +69,7 @@ def write_row(path: Path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def run(cfg, out: Path) -> None:
+def run(cfg, out: Path, *, before: bool = True) -> None:
     """Train with TRL on `cfg`'s work, evaluating with grpokit's evaluator; rows go to `out`."""
     from datasets import Dataset
 
@@ -78,10 +82,10 @@ def run(cfg, out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="trl-tta-") as tmp:
         model.save_pretrained(f"{tmp}/init")       # TRL builds its reference model from this path
         model.config._name_or_path = f"{tmp}/init"
-        _train(cfg, out, model, tok, data, held_out, choice, tmp)
+        _train(cfg, out, model, tok, data, held_out, choice, tmp, before=before)
 
 
-def _train(cfg, out: Path, model, tok, data, held_out, choice: str, tmp: str) -> None:
+def _train(cfg, out: Path, model, tok, data, held_out, choice: str, tmp: str, *, before: bool) -> None:
     from transformers import TrainerCallback
 
     from trl import GRPOTrainer
@@ -101,7 +105,8 @@ def _train(cfg, out: Path, model, tok, data, held_out, choice: str, tmp: str) ->
         seconds, t0, dt = 0.0, 0.0, 0.0
 
         def on_train_begin(self, *a, **k):
-            held_out_eval("before", 0, 0.0)
+            if before:
+                held_out_eval("before", 0, 0.0)
 
         def on_step_begin(self, *a, **k):
             self.t0 = time.perf_counter()
@@ -135,6 +140,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("config", help="a grpokit YAML config (the run to compare with)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, as for `grpokit train`")
     p.add_argument("--out", required=True, help="new folder for metrics.jsonl and eval.jsonl")
+    p.add_argument("--skip-before", action="store_true",
+                   help="no evaluation of the starting model (the same model grpokit's run evaluates before)")
     args = p.parse_args(argv)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
@@ -149,7 +156,7 @@ def main(argv: list[str]) -> int:
     (out / "config.json").write_text(json.dumps({"grpokit_config": args.config,
                                                  "overrides": args.overrides, "side": "trl"}) + "\n")
     torch.manual_seed(cfg.run.seed)
-    run(cfg, out)
+    run(cfg, out, before=not args.skip_before)
     return 0
 
 
