@@ -15,6 +15,9 @@ grpokit's optim.micro_batch_size becomes TRL's per_device_train_batch_size, with
 accumulated over the B * G / micro_batch_size passes (the same update: TRL's "grpo" loss divides each
 pass's mean by the accumulation steps); 0 means one pass of B * G rows, as grpokit's 0 does. A whole
 GSM8K batch in one pass (32 rows of ~750 tokens, a 49k vocabulary) does not fit in 24 GiB.
+Memory: on the GSM8K recipe this process held 19.5 GiB when the kernel killed it at its evaluation
+(TRL's trainer, optimizer and reference beside grpokit's evaluator), with a grpokit evaluation on the
+other core: give it the 24 GiB machine alone.
 
 Training ends at run.max_steps or after run.max_minutes of training time, as grpokit's does.
 Every run.eval_steps steps the clock stops and grpokit's `evaluate` runs on TRL's live model, in the
