@@ -14,7 +14,8 @@ grpokit's: loss_type "grpo" (TRL: "dapo"), one optimizer step per generation bat
 grpokit's optim.micro_batch_size becomes TRL's per_device_train_batch_size, with the gradient
 accumulated over the B * G / micro_batch_size passes (the same update: TRL's "grpo" loss divides each
 pass's mean by the accumulation steps); 0 means one pass of B * G rows, as grpokit's 0 does. A whole
-GSM8K batch in one pass (32 rows of ~750 tokens, a 49k vocabulary) does not fit in 24 GiB.
+GSM8K batch in one pass (32 rows of ~750 tokens, a 49k vocabulary) likely does not fit in 24 GiB: the
+one such run logged no step in 30 minutes and ended without a traceback (not verified as memory).
 Memory: on the GSM8K recipe this process held 19.5 GiB when the kernel killed it at its evaluation
 (TRL's trainer, optimizer and reference beside grpokit's evaluator), with a grpokit evaluation on the
 other core: give it the 24 GiB machine alone.
