@@ -16,9 +16,9 @@ accumulated over the B * G / micro_batch_size passes (the same update: TRL's "gr
 pass's mean by the accumulation steps); 0 means one pass of B * G rows, as grpokit's 0 does. A whole
 GSM8K batch in one pass (32 rows of ~750 tokens, a 49k vocabulary) likely does not fit in 24 GiB: the
 one such run logged no step in 30 minutes and ended without a traceback (not verified as memory).
-Memory: on the GSM8K recipe this process held 19.5 GiB when the kernel killed it at its evaluation
-(TRL's trainer, optimizer and reference beside grpokit's evaluator), with a grpokit evaluation on the
-other core: give it the 24 GiB machine alone.
+Memory: on the GSM8K recipe this process held 19.5 GiB when the kernel killed it at its "after"
+evaluation (TRL's trainer, optimizer and reference beside grpokit's evaluator), with a grpokit
+evaluation on the other core. The "after" evaluation now runs once the trainer is freed.
 
 Training ends at run.max_steps or after run.max_minutes of training time, as grpokit's does.
 Every run.eval_steps steps the clock stops and grpokit's `evaluate` runs on TRL's live model, in the
@@ -30,6 +30,7 @@ rows, tag before / stepN / after), the format `grpokit plot` overlays on a grpok
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -123,8 +124,8 @@ def _train(cfg, out: Path, model, tok, data, held_out, choice: str, tmp: str, *,
             if out_of_time:                           # run.max_minutes: the same training time as grpokit's
                 control.should_training_stop = True
             last = step == cfg.run.max_steps or out_of_time
-            if last or (cfg.run.eval_steps and step % cfg.run.eval_steps == 0):
-                held_out_eval("after" if last else f"step{step}", step, self.seconds)
+            if not last and cfg.run.eval_steps and step % cfg.run.eval_steps == 0:
+                held_out_eval(f"step{step}", step, self.seconds)
 
         def on_log(self, args, state, control, logs=None, **k):  # after on_step_end of the same step
             logs = logs or {}
@@ -132,11 +133,18 @@ def _train(cfg, out: Path, model, tok, data, held_out, choice: str, tmp: str, *,
                 write_row(out / "metrics.jsonl", {"step": state.global_step, "reward_mean": logs["reward"],
                                                   "approx_kl": logs.get("kl"), "time/step": self.dt})
 
+    clock = Clock()
     trainer = GRPOTrainer(model=model, reward_funcs=[rule_rewards], args=trl_config(cfg, tmp),
-                          train_dataset=data, processing_class=tok, callbacks=[Clock()])
+                          train_dataset=data, processing_class=tok, callbacks=[clock])
     print(f"TRL GRPOTrainer: precision bf16={trainer.args.bf16}; grpokit's evaluator computes in {choice}",
           flush=True)
     trainer.train()
+    # "after" runs once TRL's trainer, optimizer and reference are gone: beside them, grpokit's evaluator
+    # took this process to 19.5 GiB on GSM8K and the kernel killed it (2026-12-03).
+    step, seconds = trainer.state.global_step, clock.seconds
+    del trainer
+    gc.collect()
+    held_out_eval("after", step, seconds)
 
 
 def main(argv: list[str]) -> int:
