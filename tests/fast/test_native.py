@@ -245,6 +245,17 @@ def test_c_linear_through_torch_sgemm_equals_f_linear(M, K_, N, bias):
 
 
 @needs_kernels
+def test_kernels_first_loaded_inside_bf16_autocast(monkeypatch):
+    # LoRA with model.precision=bf16 first reached the kernels inside the sampler's autocast region, where
+    # the fp32 check against F.linear got a bf16 result and raised "Float did not match BFloat16"
+    monkeypatch.setattr(native, "_loaded", False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loaded = native.kernels()
+    assert loaded is not None and loaded.whole_step
+    monkeypatch.setattr(native, "_loaded", False)
+
+
+@needs_kernels
 @pytest.mark.parametrize("M,K_,N,bias", [(1, 7, 3, True), (6, 128, 256, True), (13, 64, 1000, False),
                                          (16, 512, 96, True), (11, 72, 100, True)])
 def test_packed_linear_equals_f_linear(lib, M, K_, N, bias):

@@ -268,7 +268,8 @@ def _hand_over_sgemm(lib: ctypes.CDLL) -> bool:
     x, W, b = torch.randn(5, 7, generator=g), torch.randn(3, 7, generator=g), torch.randn(3, generator=g)
     y = torch.full((5, 3), float("nan"))
     lib.gk_linear(x.data_ptr(), 5, 7, W.data_ptr(), b.data_ptr(), 3, y.data_ptr())
-    return bool(torch.allclose(y, torch.nn.functional.linear(x, W, b), atol=1e-5))
+    with torch.autocast("cpu", enabled=False):   # first loaded inside a bf16 region: the check stays fp32
+        return bool(torch.allclose(y, torch.nn.functional.linear(x, W, b), atol=1e-5))
 
 
 def kernels() -> DecodeKernels | None:
