@@ -129,3 +129,38 @@ def test_lora_errors_say_what_to_change(tiny_model, monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)                          # peft not installed
     with pytest.raises(LoRAError, match=r"pip install 'grpokit\[peft\]'"):
         wrap_lora(tiny_model, ModelConfig(lora_r=4))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_lean_sampler_applies_the_adapters(precision, monkeypatch):
+    """A LoRA policy samples on the lean decoder (adapters merged into its weight copies): its log-probs
+    equal the PeftModel's own forward (adapters on), as the cached engine's do; DoRA falls back."""
+    from grpokit.model.precision import set_compute_dtype
+    from grpokit.model.testing import bench_prompts, build_model
+    from grpokit.rollout import sampler
+    from grpokit.rollout.groups import sample_groups
+
+    model, tok = build_model("tiny", mean_length=8)
+    policy = _lora(model, r=4, lora_target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"])
+    with torch.no_grad():  # non-zero B: the adapters change the model
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3)
+    if precision == "bf16":
+        set_compute_dtype(policy, torch.bfloat16)
+    assert sampler.lean_supported(policy, 64)
+    for engine in ("lean", "cached"):
+        if engine == "cached":
+            monkeypatch.setattr(sampler, "lean_supported", lambda model, n: False)
+        torch.manual_seed(0)
+        r = sample_groups(policy, tok, bench_prompts(2), 4, 24, temperature=0.8, backend="fast")
+        with torch.no_grad():
+            again = per_token_logprobs(policy, r.input_ids, r.attention_mask, r.completion_ids.shape[1],
+                                       temperature=0.8)
+        m = r.completion_mask.bool()
+        tol = 1e-4 if precision == "fp32" else 0.1   # bf16 matmuls on both sides, different fusions
+        assert (r.sampling_logprobs[m] - again[m]).abs().max() < tol, engine
+    peft = pytest.importorskip("peft")
+    dora = peft.get_peft_model(build_model("tiny")[0], peft.LoraConfig(r=4, target_modules=["q_proj"],
+                                                                      use_dora=True))
+    assert not sampler.lean_supported(dora, 64)

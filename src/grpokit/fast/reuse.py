@@ -36,6 +36,7 @@ from grpokit.model.logprobs import (
     model_shares_prompts,
     position_ids_from_mask,
 )
+from grpokit.model.lora import is_peft_model
 from grpokit.model.precision import compute_dtype
 
 
@@ -305,7 +306,8 @@ def recording_policy(cfg, world_size: int, model):
     r, mb = cfg.rollout, cfg.optim.micro_batch_size
     if not r.reuse_activations or world_size != 1 or r.backend not in ("auto", "fast") or r.dynamic_sampling \
             or cfg.loss.algorithm != "grpo" or checkpointing_enabled(model) \
-            or 0 < r.generation_batch_size < cfg.batch_size:              # several decode calls: no record
+            or 0 < r.generation_batch_size < cfg.batch_size \
+            or is_peft_model(model):   # several decode calls; LoRA: the decoder applies merged weights
         return False
     if compute_dtype(model) is not None:   # bf16: the projection matmuls it saves are the cheap part in bf16,
         return False                       # and _RecordedProjection's backward would run them in fp32

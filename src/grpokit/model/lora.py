@@ -46,6 +46,25 @@ def is_peft_model(model: Any) -> bool:
     return any(cls.__name__ == "PeftModel" for cls in type(model).__mro__)
 
 
+def effective_linear(module: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, bias) that a linear layer's forward applies, for code that reads weights directly (the
+    lean decoder): nn.Linear's own; an unmerged peft LoRA layer's W + sum_a (alpha_a / r_a) * B_a @ A_a
+    over its active adapters (a new tensor; no DoRA); None for any other layer."""
+    if type(module) is torch.nn.Linear:
+        return module.weight, module.bias
+    base = getattr(module, "base_layer", None)
+    if type(base) is not torch.nn.Linear or not hasattr(module, "get_delta_weight") \
+            or getattr(module, "merged", True) or getattr(module, "disable_adapters", True):
+        return None
+    adapters = [a for a in module.active_adapters if a in module.lora_A]
+    if any(getattr(module, "use_dora", {}).get(a, False) for a in adapters) \
+            or any(getattr(module, "lora_bias", {}).get(a, False) for a in adapters):
+        return None
+    with torch.no_grad():
+        weight = base.weight + sum(module.get_delta_weight(a) for a in adapters) if adapters else base.weight
+    return weight, base.bias
+
+
 def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
     total = sum(p.numel() for p in model.parameters())

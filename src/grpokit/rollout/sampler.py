@@ -36,6 +36,7 @@ from grpokit import fast
 from grpokit.model.llama_layer import LayerSpec, decoder_layer, gated_mlp_input, rms_norm, signed_sin
 from grpokit.model.loading import eval_mode
 from grpokit.model.logprobs import CACHE_MODEL_TYPES, position_ids_from_mask
+from grpokit.model.lora import effective_linear
 from grpokit.model.precision import autocast_for, compute_dtype
 from grpokit.rollout.cached_engine import CachedEngine
 from grpokit.rollout.sampling import pick_tokens
@@ -87,18 +88,21 @@ def lean_supported(model, max_positions: int) -> bool:
         return False
     for layer in dec.layers:
         a, m = layer.self_attn, layer.mlp
-        if not all(_plain_linear(x) for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj,
-                                              m.down_proj)):
-            return False                                                  # LoRA / quantized layers
+        if any(effective_linear(x) is None for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj,
+                                                      m.up_proj, m.down_proj)):
+            return False                                                  # quantized layers, DoRA
     if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
         return False                                                      # hooks would be bypassed
     return _plain_linear(model.get_output_embeddings())
 
 
-def _cat_bias(*mods) -> torch.Tensor | None:
-    if all(m.bias is None for m in mods):
-        return None
-    return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
+def _fused(*mods, rows: int, compute) -> "DecodeLinear":
+    """One DecodeLinear for projections that read the same input (q|k|v, gate|up), LoRA merged in."""
+    pairs = [effective_linear(m) for m in mods]
+    weight = torch.cat([w for w, _ in pairs]) if len(pairs) > 1 else pairs[0][0]
+    bias = None if all(b is None for _, b in pairs) else \
+        torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs])
+    return DecodeLinear(weight, bias, rows, compute)
 
 
 # Weights at least this large (in x out) run through oneDNN with the weight packed once per sampling
@@ -167,12 +171,10 @@ class LeanDecoder:
             a, m = layer.self_attn, layer.mlp
             spec = LayerSpec.of(layer, cfg)
             self.layers.append({
-                "qkv": DecodeLinear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                                    _cat_bias(a.q_proj, a.k_proj, a.v_proj), rows, compute),
-                "o": DecodeLinear(a.o_proj.weight, a.o_proj.bias, rows, compute),
-                "gu": DecodeLinear(torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                                   _cat_bias(m.gate_proj, m.up_proj), rows, compute),
-                "down": DecodeLinear(m.down_proj.weight, m.down_proj.bias, rows, compute), "act": m.act_fn,
+                "qkv": _fused(a.q_proj, a.k_proj, a.v_proj, rows=rows, compute=compute),
+                "o": _fused(a.o_proj, rows=rows, compute=compute),
+                "gu": _fused(m.gate_proj, m.up_proj, rows=rows, compute=compute),
+                "down": _fused(m.down_proj, rows=rows, compute=compute), "act": m.act_fn,
                 "ln1": spec.ln1, "ln2": spec.ln2, "scale": a.scaling, "q_norm": spec.q_norm,
                 "k_norm": spec.k_norm,
                 "spec": dataclasses.replace(spec, eps=self.eps)})   # the final norm's eps, as before
