@@ -65,3 +65,13 @@ def test_a_target_outside_0_1_is_a_one_line_error(tmp_path, capsys, target):
     with pytest.raises(SystemExit) as e:
         cli_main(["plot", str(a), "--target", target])
     assert e.value.code == 2 and "--target must be an accuracy in (0, 1]" in capsys.readouterr().err
+
+
+def test_the_accuracy_axis_zooms_in_on_low_curves():
+    from grpokit.observe.accuracy_time import y_range
+
+    assert y_range([0.2, 0.95], None) == (-0.03, 1.03)
+    assert y_range([0.01, 0.012], 0.95) == (-0.03, 1.03)                 # the target stays in view
+    low, high = y_range([0.010, 0.008, 0.012], None)                      # GSM8K at 135M
+    assert high == pytest.approx(0.0156) and low < 0 < 0.012 < high
+    assert y_range([], None)[1] > 0                                       # no points: still a valid range

@@ -68,12 +68,20 @@ def summary_lines(runs: Sequence[Any], target: float) -> list[str]:
     return lines
 
 
+def y_range(accuracies: Sequence[float], target: float | None) -> tuple[float, float]:
+    """The accuracy axis: 0-100%, or down to 1.3x the highest point or target when all lie below 60%
+    (GSM8K's 1% curves would be flat lines on a 0-100% axis)."""
+    top = max([*accuracies, target or 0.0, 0.01])
+    return (-0.03, 1.03) if top >= 0.6 else (-0.02 * top, 1.3 * top)
+
+
 def accuracy_time_figure(runs: Sequence[Any], target: float | None, colors: Sequence[str]):
     """One axes: held-out accuracy (markers and lines) against training minutes, one curve per run."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8.0, 5.0), dpi=100, layout="constrained")
     ax = fig.subplots()
+    seen = []
     for i, run in enumerate(runs):
         pts = eval_seconds(run.metrics, run.evals)
         if not pts:
@@ -82,6 +90,7 @@ def accuracy_time_figure(runs: Sequence[Any], target: float | None, colors: Sequ
         if target is not None:
             sec = time_to(pts, target)
             label += f" ({target:.0%} at {sec / 60:.1f} min)" if sec is not None else f" (<{target:.0%})"
+        seen += [a for _, a in pts]
         ax.plot([s / 60 for s, _ in pts], [a for _, a in pts], "o-", color=colors[i % len(colors)],
                 linewidth=1.8, label=label)
     if target is not None:
@@ -89,7 +98,7 @@ def accuracy_time_figure(runs: Sequence[Any], target: float | None, colors: Sequ
     ax.set_title("Held-out accuracy (greedy) against training wall time", fontsize=11)
     ax.set_xlabel("training minutes (evaluations off the clock)")
     ax.set_ylabel("held-out accuracy")
-    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylim(*y_range(seen, target))
     ax.grid(True, alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=9, loc="best")
