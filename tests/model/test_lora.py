@@ -164,3 +164,23 @@ def test_lean_sampler_applies_the_adapters(precision, monkeypatch):
     dora = peft.get_peft_model(build_model("tiny")[0], peft.LoraConfig(r=4, target_modules=["q_proj"],
                                                                       use_dora=True))
     assert not sampler.lean_supported(dora, 64)
+
+
+def test_lora_reference_computes_in_the_policys_precision(tiny_model):
+    """The reference view holds no weights of its own: it takes the policy's bf16 compute (it ran in fp32,
+    2x slower than the policy's passes, with a KL at step 1 that was only the two precisions' rounding)."""
+    from grpokit.model.precision import compute_dtype, computing_in, set_compute_dtype
+
+    policy = _lora(tiny_model)                    # B = 0: the adapters change nothing yet
+    set_compute_dtype(policy, torch.bfloat16)
+    ref = reference_for(policy)
+    assert compute_dtype(ref) == torch.bfloat16
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15, 16], [0, 0, 20, 21, 22, 23, 24]])
+    att = (ids != 0).long()
+    with torch.no_grad():
+        ref_lp = per_token_logprobs(ref, ids, att, 4)
+        policy_lp = per_token_logprobs(policy, ids, att, 4)
+        with computing_in(policy, None):
+            fp32_lp = per_token_logprobs(ref, ids, att, 4)
+    assert torch.equal(ref_lp, policy_lp)         # the same model in the same precision: KL 0 at step 1
+    assert not torch.equal(ref_lp, fp32_lp)

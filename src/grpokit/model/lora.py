@@ -131,6 +131,11 @@ class DisabledAdapterReference(torch.nn.Module):
         super().__init__()
         object.__setattr__(self, "_policy", peft_model)  # not a submodule: no second copy, nothing saved
 
+    @property
+    def weights_owner(self) -> torch.nn.Module:
+        """The PeftModel whose base weights this view runs on: its precision and size apply here."""
+        return self._policy
+
     @contextlib.contextmanager
     def base_model_mode(self) -> Iterator[None]:
         """Adapters off and eval mode (no dropout) for the duration; the policy's mode is restored."""

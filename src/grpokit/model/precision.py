@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from grpokit.model.reference import weights_owner
+
 if TYPE_CHECKING:
     from grpokit.config.schema import GRPOConfig
 
@@ -72,7 +74,8 @@ def resolve_precision(precision: str, device: torch.device, n_params: int,
 
 
 def _unwrap(model):
-    return getattr(model, "module", model)        # DDP / FSDP wrappers keep the model in .module
+    # DDP / FSDP wrappers keep the model in .module; LoRA's reference computes as its policy does
+    return weights_owner(getattr(model, "module", model))
 
 
 def set_compute_dtype(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
@@ -83,7 +86,7 @@ def set_compute_dtype(model: torch.nn.Module, dtype: torch.dtype | None) -> None
 def compute_dtype(model) -> torch.dtype | None:
     """The dtype the matmuls over `model` run in when it differs from the weights', else None."""
     dtype = getattr(_unwrap(model), ATTR, None)
-    params = next(iter(model.parameters()), None) if isinstance(model, torch.nn.Module) else None
+    params = next(iter(_unwrap(model).parameters()), None) if isinstance(model, torch.nn.Module) else None
     return None if dtype is None or params is None or params.dtype == dtype else dtype
 
 
@@ -92,7 +95,7 @@ def autocast_for(model) -> contextlib.AbstractContextManager:
     dtype = compute_dtype(model)
     if dtype is None:
         return contextlib.nullcontext()
-    device = next(model.parameters()).device.type
+    device = next(_unwrap(model).parameters()).device.type
     return torch.autocast(device, dtype=dtype)
 
 

@@ -13,6 +13,12 @@ from collections.abc import Iterator
 import torch
 
 
+def weights_owner(model) -> torch.nn.Module:
+    """The module whose weights a forward over `model` runs on: itself, or for a view that holds none of
+    its own (LoRA's reference, `lora.DisabledAdapterReference`) the model it views."""
+    return getattr(model, "weights_owner", model)
+
+
 def frozen_reference(model) -> torch.nn.Module:
     """A frozen copy of the policy: pi_ref, kept in eval mode with no gradients."""
     ref = copy.deepcopy(model)

@@ -18,6 +18,7 @@ from grpokit.core.loss import grpo_objective_from_logprobs, logprob_mismatch, tr
 from grpokit.model.buckets import micro_batches
 from grpokit.model.logprobs import model_shares_prompts, per_token_logprobs
 from grpokit.model.precision import autocast_for
+from grpokit.model.reference import weights_owner
 from grpokit.observe.metrics import PhaseTimer
 from grpokit.rollout.groups import Rollout
 from grpokit.train.state import TrainState
@@ -52,7 +53,7 @@ def forward_logprobs(model, rollout: Rollout, cfg: GRPOConfig, fn=per_token_logp
     N, T = rollout.completion_ids.shape
     mb = cfg.optim.micro_batch_size or N
     out = torch.zeros(N, T, device=rollout.completion_ids.device)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in weights_owner(model).parameters())   # LoRA's reference holds none
     shared = rollout.prompt_ids if model_shares_prompts(model) else None   # each prompt once per micro-batch
     with torch.inference_mode():   # rows of similar length together: little padding (buckets.micro_batches)
         for rows in micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params,
