@@ -36,7 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("all", "plain", "gqa", "small_attention", "decode_kernels", "whole_step", "reuse")
+VARIANTS = ("all", "plain", "gqa", "small_attention", "master_grads", "decode_kernels", "whole_step",
+            "reuse")
 CONFIG_NAMES = ("demo", "tiny", "small", "smollm2")
 BENCH_ARGS = ["--fixed-length", "--precision", "fp32"]
 OUT = Path(__file__).resolve().parent / "results" / "fast_gains.json"
@@ -54,6 +55,7 @@ def switched_off(variant: str, state) -> None:
     swaps = {"plain": [(fast, "accelerated", lambda *a, **k: fast.plain())],
              "gqa": [(fast, "_grouped_kv_with_masks", _nothing)],
              "small_attention": [(fast.small_attention, "installed", _nothing)],
+             "master_grads": [(fast.master_grads, "installed", _nothing)],
              "decode_kernels": [(fast, "kernels_for", lambda model: None)],
              "whole_step": [(fast, "whole_step_for", lambda decoder, rows: None)],
              "reuse": [(state.cfg.rollout, "reuse_activations", False)]}.get(variant, [])

@@ -199,6 +199,12 @@ def _plain_tensors(*tensors) -> bool:
     return all(x is None or type(x) in (torch.Tensor, torch.nn.Parameter) for x in tensors)
 
 
+def cast_head(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The lm-head weight in the compute dtype; autograd carries its gradient back through the cast
+    (`grpokit.fast.master_grads` swaps in a cast made once per update that adds it in place)."""
+    return weight.to(dtype)
+
+
 def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None,
                   bias: torch.Tensor | None, *, temperature: float, chunk_rows: int = 1024,
                   return_entropy: bool = False, compute_dtype: torch.dtype | None = None
@@ -216,7 +222,7 @@ def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Ten
     ratio, KL and loss stay float32.
     """
     if compute_dtype is not None and weight is not None:
-        hidden, weight = hidden.to(compute_dtype), weight.to(compute_dtype)
+        hidden, weight = hidden.to(compute_dtype), cast_head(weight, compute_dtype)
         bias = None if bias is None else bias.to(compute_dtype)
     B, T, H = hidden.shape
     flat_h = hidden.reshape(B * T, H)                                     # [B*T, H]

@@ -46,10 +46,23 @@ def is_peft_model(model: Any) -> bool:
     return any(cls.__name__ == "PeftModel" for cls in type(model).__mro__)
 
 
+def active_delta(module: Any) -> torch.Tensor | None:
+    """sum_a (alpha_a / r_a) * B_a @ A_a over a peft LoRA layer's active adapters (a new tensor, no
+    autograd); None for a layer with no active adapter or that is not a LoRA layer."""
+    lora_a = getattr(module, "lora_A", None)
+    if lora_a is None or not hasattr(module, "get_delta_weight"):
+        return None
+    adapters = [a for a in getattr(module, "active_adapters", []) if a in lora_a]
+    if not adapters:
+        return None
+    with torch.no_grad():
+        return sum(module.get_delta_weight(a) for a in adapters)
+
+
 def effective_linear(module: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(weight, bias) that a linear layer's forward applies, for code that reads weights directly (the
-    lean decoder): nn.Linear's own; an unmerged peft LoRA layer's W + sum_a (alpha_a / r_a) * B_a @ A_a
-    over its active adapters (a new tensor; no DoRA); None for any other layer."""
+    lean decoder): nn.Linear's own; an unmerged peft LoRA layer's W + `active_delta` (a new tensor; no
+    DoRA, no LoRA bias); None for any other layer."""
     if type(module) is torch.nn.Linear:
         return module.weight, module.bias
     base = getattr(module, "base_layer", None)
@@ -60,9 +73,8 @@ def effective_linear(module: Any) -> tuple[torch.Tensor, torch.Tensor | None] | 
     if any(getattr(module, "use_dora", {}).get(a, False) for a in adapters) \
             or any(getattr(module, "lora_bias", {}).get(a, False) for a in adapters):
         return None
-    with torch.no_grad():
-        weight = base.weight + sum(module.get_delta_weight(a) for a in adapters) if adapters else base.weight
-    return weight, base.bias
+    delta = active_delta(module)
+    return (base.weight if delta is None else base.weight.detach() + delta), base.bias
 
 
 def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:

