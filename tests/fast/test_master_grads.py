@@ -7,6 +7,7 @@ from grpokit import fast
 from grpokit.fast import master_grads
 from grpokit.model import logprobs
 from grpokit.model.logprobs import head_logprobs, per_token_logprobs
+from grpokit.model.precision import set_compute_dtype
 from grpokit.model.testing import bench_prompts, build_model
 from grpokit.rollout.groups import sample_groups
 
@@ -62,9 +63,12 @@ def test_padding_row_gets_no_gradient_and_no_grad_lookups_are_plain():
     assert "forward" not in vars(emb)                                     # restored on exit
 
 
-def test_installed_by_the_switch_for_one_process_only():
+def test_installed_by_the_switch_in_mixed_precision_for_one_process_only():
     model, _ = build_model("tiny")
     emb = model.model.embed_tokens
+    with fast.accelerated(model):                         # fp32: measured no gain, autograd's path
+        assert "forward" not in vars(emb)
+    set_compute_dtype(model, torch.bfloat16)
     with fast.accelerated(model):
         assert "forward" in vars(emb)
     with fast.accelerated(model, world_size=2):          # DDP reduces a gradient before a hook adds rows

@@ -16,7 +16,8 @@ activation record. Inside it, where they apply (the C kernels: float32 on the CP
     short training passes' attention as two   small_attention   1.08x SmolLM2 bf16 (7.41 vs 8.00 s a
     matmuls instead of SDPA's flash kernel                      step; its flash backward ~5x its forward)
     the embedding's and bf16 head's gradients master_grads      1.05x SmolLM2 bf16 (14.85 vs 15.66 s a
-    added into the float32 .grad in place                       step, 2026-12-03); one process only
+    added into the float32 .grad in place                       step, 2026-12-03); fp32 0.98x: mixed
+                                                                precision and one process only
 
 Measured by benchmarks/fast_gains.py (2026-12-02, 2 threads, fp32; demo = `grpokit train`'s built-in
 demo, tiny / small = `grpokit bench --size S --completion-length 64 --fixed-length`; SmolLM2 = its
@@ -47,6 +48,7 @@ import torch
 
 from grpokit.fast import fused_ops, master_grads, native, reuse, small_attention, whole_step
 from grpokit.model.logprobs import checkpointing_enabled
+from grpokit.model.precision import compute_dtype
 
 reused_logprobs = reuse.reused_logprobs   # the update's forward on a record (update.rows_logprobs)
 
@@ -106,8 +108,8 @@ def accelerated(model: torch.nn.Module, cfg=None, *, world_size: int = 1, enable
             stack.enter_context(fused_ops.fused_ops(model))
         stack.enter_context(_grouped_kv_with_masks(_device(model)))
         stack.enter_context(small_attention.installed())
-        if world_size == 1:       # DDP / FSDP reduce a gradient before the rows would be added
-            stack.enter_context(master_grads.installed(model))
+        if world_size == 1 and compute_dtype(model) is not None:   # pays in mixed precision (not fp32);
+            stack.enter_context(master_grads.installed(model))       # DDP / FSDP reduce grads before it adds
         token = _SCOPE.set(scope)
         stack.callback(_SCOPE.reset, token)
     try:

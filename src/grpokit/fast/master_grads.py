@@ -21,7 +21,8 @@ against 1.05x for these two, `benchmarks/fast_gains.py`, 2026-12-03): their grad
 to stay in cache.
 
 One process only: DistributedDataParallel and FSDP reduce a gradient when autograd accumulates it,
-before these hooks would add to it (`grpokit.fast.accelerated` installs this at world size 1). Plain
+before these hooks would add to it (`grpokit.fast.accelerated` installs this at world size 1, in mixed
+precision only: in fp32 it measured 0.98x, within that day's noise). Plain
 `nn.Embedding`s whose weight trains (no max_norm, scale_grad_by_freq or sparse) and plain Parameter
 heads only; anything else keeps autograd's path.
 """
