@@ -87,7 +87,9 @@ def _head_grads(weight, hidden, targets, installed: bool) -> torch.Tensor:
     return weight.grad.clone()
 
 
-def test_bf16_head_gradient_lands_in_the_float32_master_as_autograds_does():
+@pytest.mark.parametrize("add_rows", [4096, 16, 24])                    # 64 rows: one slice, 4, 2 + a rest
+def test_bf16_head_gradient_lands_in_the_float32_master_as_autograds_does(monkeypatch, add_rows):
+    monkeypatch.setattr(master_grads, "ADD_ROWS", add_rows)
     torch.manual_seed(0)
     weight = torch.nn.Parameter(torch.randn(64, 16) * 0.1)
     hidden, targets = torch.randn(6, 5, 16), torch.randint(0, 64, (6, 5))

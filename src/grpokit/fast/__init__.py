@@ -10,6 +10,9 @@ activation record. Inside it, where they apply (the C kernels: float32 on the CP
     the update reuses the sampled projections reuse             1.12x small (auto: models >= 5M, fp32)
     SiLU x up and RMSNorm in one C pass       fused_ops         0.91-1.05x in time; kept for memory: the
                                                                 bench's small/256 peak 2732 vs 3517 MiB
+    bf16 autocast: down(silu(g) * u) keeps    fused_ops         kept for memory, bit-identical: SmolLM2
+    g and u only (`SiluMulDown`)                                bf16 peak RSS 3882 -> 3818 MiB with the
+                                                                head's sliced gradient add (master_grads)
     glibc keeps freed memory                  native            1.32x tiny, 0.98x demo, 1.02x small
     grouped K/V with a mask in SDPA           (this module)     0.97-1.02x; kept for memory: no
                                                                 repeat_kv copies saved for backward
