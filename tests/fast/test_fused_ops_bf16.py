@@ -97,3 +97,19 @@ def test_not_under_autocast_nothing_changes(monkeypatch):
     with fused_ops.fused_ops(model):
         assert norm(x).dtype == torch.float32
         model(input_ids=torch.ones(1, 4, dtype=torch.long))
+
+
+def test_silu_mul_down_with_a_frozen_down_weight():
+    """A frozen down projection gets no gradient; gate and up get eager autocast's exactly."""
+    torch.manual_seed(1)
+    gate, up = (torch.randn(2, 5, 12, requires_grad=True) for _ in range(2))
+    w_down = torch.randn(6, 12)
+    d = torch.randn(2, 5, 6).bfloat16()
+    grads = []
+    eager = lambda g, u: F.linear(F.silu(g) * u, w_down)                  # noqa: E731
+    fused = lambda g, u: fused_ops.SiluMulDown.apply(g, u, w_down)       # noqa: E731
+    for fn in (eager, fused):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = fn(gate.bfloat16(), up.bfloat16())
+            grads.append(torch.autograd.grad(y, (gate, up), d))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

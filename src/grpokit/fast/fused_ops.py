@@ -144,12 +144,14 @@ class SiluMulDown(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         gate, up, weight = ctx.saved_tensors
+        need_gate, need_up, need_w = ctx.needs_input_grad
         s = torch.nn.functional.silu(gate)                                # [..., I], as in forward
-        p = s * up
-        dw = dy.reshape(-1, dy.shape[-1]).t() @ p.reshape(-1, p.shape[-1])  # [H, I] in the compute dtype
+        dw = None
+        if need_w:                                                        # [H, I] in the compute dtype
+            dw = (dy.reshape(-1, dy.shape[-1]).t() @ (s * up).reshape(-1, s.shape[-1])).to(weight.dtype)
         dp = dy @ weight.to(gate.dtype)                                   # [..., I]
-        d_gate = torch.ops.aten.silu_backward(dp * up, gate)
-        return d_gate, dp * s, dw.to(weight.dtype)
+        d_gate = torch.ops.aten.silu_backward(dp * up, gate) if need_gate else None
+        return d_gate, dp * s if need_up else None, dw
 
 
 def _usable(*tensors: torch.Tensor) -> bool:
