@@ -80,6 +80,32 @@ def test_rope_attend_equals_sdpa_with_masks_and_cache_write(lib, nh, nkv, hd, qk
 
 
 @needs_kernels
+@pytest.mark.parametrize("hd", [64, 24])                        # the vector value loop, the plain one
+def test_rope_attend_with_shared_prompt_equals_copied_prompt(lib, hd):
+    """Three rows of two prompts (rows 0, 1 read prompt 1; row 2 prompt 0): the prompt's keys read from one
+    copy equal the same keys copied into each row's cache (1e-5), and only the row's own slot is written."""
+    torch.manual_seed(0)
+    nh, nkv, n, P, T, eps, scale = 6, 2, 3, 13, 9, 1e-6, hd ** -0.5
+    slot = P + 5
+    qkv, pos = torch.randn(n, (nh + 2 * nkv) * hd), torch.randint(0, 30, (n,))
+    cos, sin = torch.randn(64, hd), torch.randn(64, hd)
+    prefix, prefix_row = torch.randn(2, 2, nkv, P, hd), torch.tensor([1, 1, 0])
+    own = torch.randn(2, n, nkv, T, hd)
+    mask = torch.rand(n, P + T) > 0.3
+    mask[:, slot] = True
+    copied = torch.cat([prefix[:, prefix_row], own], 3)                  # [2, n, nkv, P + T, hd]
+    want = torch.empty(n, nh * hd)
+    lib.rope_attend(qkv, pos, cos, sin, None, None, eps, copied, slot, mask, nh, scale, want)
+    own_before, out = own.clone(), torch.empty(n, nh * hd)
+    lib.rope_attend(qkv, pos, cos, sin, None, None, eps, own, slot, mask, nh, scale, out, prefix=prefix,
+                    prefix_row=prefix_row)
+    assert torch.allclose(out, want, atol=1e-5)
+    assert torch.allclose(own[:, :, :, slot - P], copied[:, :, :, slot], atol=1e-6)   # the new key and value
+    own[:, :, :, slot - P] = own_before[:, :, :, slot - P]
+    assert torch.equal(own, own_before)                                   # nothing else written
+
+
+@needs_kernels
 def test_add_rms_and_silu_mul_equal_torch(lib):
     torch.manual_seed(0)
     h, y, w = torch.randn(7, 96), torch.randn(7, 96), torch.rand(96)
@@ -169,9 +195,10 @@ def _matmuls(mode: str):
 
 
 @needs_kernels
-def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer):
-    """The engine fed the same tokens with and without kernels: equal logits (1e-5) at every step,
-    across two rounds of finished rows being dropped from the batch and the cache."""
+def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer, monkeypatch):
+    """The engine fed the same tokens with and without kernels, each prompt's cache slots copied to its
+    rows or kept once and shared: equal logits (1e-5) at every step, across two rounds of finished rows
+    being dropped from the batch and the cache."""
     from grpokit.rollout.groups import encode_prompts
 
     for name, (model, tok) in _lean_models(char_tokenizer).items():
@@ -179,15 +206,18 @@ def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer):
         torch.manual_seed(1)
         feed = torch.randint(5, 40, (8, 20))                               # [N, steps] tokens to feed
         logits = {}
-        # one C call / per layer / no kernels
-        for mode in _one_call_modes() + ["layers", "torch"]:
-            with torch.no_grad(), _matmuls(mode):
+        # one C call / per layer / no kernels; "-shared": the prompts' slots kept once (no one-call step)
+        for mode in _one_call_modes() + ["layers", "torch", "layers-shared", "torch-shared"]:
+            with torch.no_grad(), _matmuls(mode), monkeypatch.context() as m:
+                if mode.endswith("-shared"):
+                    m.setattr(fast, "whole_step_for", lambda dec, rows: None)
                 eng = sampler._LeanEngine(model.eval(), ids, mask, 2, 20)
-                assert eng.dec.whole is not None or not _one_call_modes(), name   # no oneDNN packing here
+                assert (eng.dec.prefix is not None) == mode.endswith("-shared"), (name, mode)
+                assert eng.dec.whole is not None or not _one_call_modes() or mode.endswith("-shared"), name
                 assert eng.dec.whole is None or eng.dec.whole.panels == (mode != "sgemm")
                 if mode not in ("panels", "sgemm"):
                     eng.dec.whole = None
-                if mode == "torch":
+                if mode.startswith("torch"):
                     eng.dec.native = None
                 rows, out = torch.arange(8), [eng.first_logits()]
                 for t in range(19):
@@ -197,7 +227,7 @@ def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer):
                         rows = rows[keep]
                     out.append(eng.step(feed[rows, t], t))
             logits[mode] = out
-        for mode in _one_call_modes() + ["layers"]:
+        for mode in _one_call_modes() + ["layers", "layers-shared", "torch-shared"]:
             for t, (a, b) in enumerate(zip(logits[mode], logits["torch"])):
                 assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5), (name, mode, t)
 

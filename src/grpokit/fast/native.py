@@ -49,6 +49,8 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "gk_add_rms": [_P, _P, _P, _F, _I, _I, _P],
     "gk_rope_attend": [_P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _I, _P, _I, _I, _I, _I, _I, _F, _P],
+    "gk_rope_attend_prefix": [_P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _I, _P, _I, _I, _I, _I, _I, _F, _P,
+                              _P, _P, _I, _P],
     "gk_sample": [_P, _I, _I, _F, _P, ctypes.c_int, _P, _P],
     "gk_silu_mul": [_P, _P, _I, _I, _I, _I, _I, _P],
     "gk_silu_mul_bwd": [_P, _P, _I, _I, _I, _P, _I, _I, _P, _P, _I],
@@ -218,13 +220,20 @@ class DecodeKernels:
 
     def rope_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, kv: torch.Tensor,
-                    slot: int, key_mask: torch.Tensor, heads: int, scale: float, out: torch.Tensor) -> None:
-        """qkv [n, (heads + 2 kv_heads) hd]; kv [2, n, kv_heads, S, hd] (slot `slot` written);
-        key_mask [n, >= slot + 1] bool; out [n, heads hd] = attention over slots 0..slot."""
+                    slot: int, key_mask: torch.Tensor, heads: int, scale: float, out: torch.Tensor,
+                    prefix: torch.Tensor | None = None, prefix_row: torch.Tensor | None = None) -> None:
+        """qkv [n, (heads + 2 kv_heads) hd]; key_mask [n, >= slot + 1] bool; out [n, heads hd] = attention
+        over slots 0..slot. kv [2, n, kv_heads, S, hd]: each row's own cache, slot `slot` written; or, with
+        prefix [2, B, kv_heads, P, hd] (slots 0..P-1 of each prompt) and prefix_row [n] (each row's prompt),
+        the slots from P on, slot `slot` - P written."""
         _, n, nkv, S, hd = kv.shape
-        self.lib.gk_rope_attend(_ptr(qkv), _ptr(pos), _ptr(cos), _ptr(sin), _ptr(q_norm), _ptr(k_norm),
-                                eps, _ptr(kv[0]), _ptr(kv[1]), S, slot, _ptr(key_mask), key_mask.stride(0), n,
-                                heads, nkv, hd, scale, _ptr(out))
+        args = (_ptr(qkv), _ptr(pos), _ptr(cos), _ptr(sin), _ptr(q_norm), _ptr(k_norm), eps, _ptr(kv[0]),
+                _ptr(kv[1]), S, slot, _ptr(key_mask), key_mask.stride(0), n, heads, nkv, hd, scale, _ptr(out))
+        if prefix is None:
+            self.lib.gk_rope_attend(*args)
+        else:
+            self.lib.gk_rope_attend_prefix(*args, _ptr(prefix[0]), _ptr(prefix[1]), prefix.shape[3],
+                                           _ptr(prefix_row))
 
     def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
         """gu [n, 2 I] = [gate | up] -> silu(gate) * up [n, I]."""

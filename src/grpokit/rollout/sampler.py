@@ -1,15 +1,16 @@
 """grpokit's own decode loop behind `sample_groups` (the "fast" backend).
 
 Why not `model.generate`: GRPO samples G completions of the same prompt, so the prompt is prefilled
-once and its keys/values are copied to the group's G rows (not recomputed); rows that have finished
-are dropped from the batch so they stop costing compute; and the sampling log-probs come out with the
-tokens, so mu = 1 needs no extra forward pass for the old policy.
+once and its keys/values are kept once, read by the group's G rows (not recomputed or copied); rows that
+have finished are dropped from the batch so they stop costing compute; and the sampling log-probs come
+out with the tokens, so mu = 1 needs no extra forward pass for the old policy.
 
 Two engines, chosen per model:
   * lean   (Llama, Qwen2, Qwen3, Mistral with plain nn.Linear weights): a decoder step written
            against the model's own weights, q/k/v and gate/up fused into one matmul each, rotary
-           tables built once, and a KV cache the sampler owns: one preallocated tensor
-           [layers, 2, N, kv_heads, P + T, head_dim], written in place (no per-step concatenation);
+           tables built once, and a KV cache the sampler owns: preallocated tensors, the prompts' slots
+           [layers, 2, B, kv_heads, P, head_dim] and each row's own [layers, 2, N, kv_heads, T, head_dim],
+           written in place (no per-step concatenation);
            large weights packed once per call for oneDNN (`DecodeLinear`).
   * cached (other known architectures): the model's forward with a transformers DynamicCache.
 Anything else goes to `model.generate` (groups.py), with one log line.
@@ -154,7 +155,7 @@ PREFILL_STEPS_MAX = 16
 class LeanDecoder:
     """A Llama-family decoder for sampling: fused weights, rotary tables, and an owned KV cache."""
 
-    def __init__(self, model, rows: int, max_len: int) -> None:
+    def __init__(self, model, rows: int, max_len: int, prompts: int = 0, prompt_len: int = 0) -> None:
         dec, cfg = model.get_decoder(), model.config
         # bf16 matmuls (grpokit.model.precision) or None
         self.compute = compute = compute_dtype(model)
@@ -182,13 +183,23 @@ class LeanDecoder:
         positions = torch.arange(max_len, device=w.device)[None]          # [1, S]
         cos, sin = dec.rotary_emb(w[:1][None], positions)                 # [1, S, hd] each
         self.cos, self.sin = cos[0], signed_sin(sin[0])   # rotate_half(x) * sin == roll(x, hd/2) * signed
-        self.kv = torch.empty(len(self.layers), 2, rows, self.nkv, max_len, self.hd,
-                              dtype=w.dtype, device=w.device)
         # an ActivationRecord (grpokit.fast.reuse), the decode step
         self.record, self.record_step = None, None
         self.native = fast.kernels_for(model)        # C kernels (grpokit.fast.native) inside fast.accelerated
         self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")
         self.whole = fast.whole_step_for(self, rows)  # the whole step in one C call where it applies, or None
+        # The KV cache. With G > 1 rows per prompt (and no one-call step, whose short prompts are cheap to
+        # copy), each prompt's slots are kept once, `prefix` [layers, 2, B, kv_heads, P, hd], and read by
+        # its G rows (`prefix_row`: each row's prompt); `kv` then holds each row's own slots from P on.
+        # GSM8K's 4 x 8 rows of 470-token prompts: 8x fewer prompt keys/values written, kept and read.
+        shared = self.whole is None and 0 < prompts < rows and prompt_len > 0
+        self.base = prompt_len if shared else 0                      # cache slot s lives in kv at s - base
+        self.prefix = torch.empty(len(self.layers), 2, prompts, self.nkv, prompt_len, self.hd, dtype=w.dtype,
+                                  device=w.device) if shared else None
+        self.prefix_row = torch.arange(prompts, device=w.device).repeat_interleave(rows // prompts) \
+            if shared else None
+        self.kv = torch.empty(len(self.layers), 2, rows, self.nkv, max_len - self.base, self.hd,
+                              dtype=w.dtype, device=w.device)
 
     def dims(self) -> dict[str, int]:
         """Output width of each projection (what an ActivationRecord stores per position)."""
@@ -204,17 +215,24 @@ class LeanDecoder:
                 mask: torch.Tensor, rows: int) -> torch.Tensor:
         """h [n, L, H] through every layer (`llama_layer.decoder_layer`); keys/values of the L new positions
         go to cache `slots`."""
-        n = h.shape[0]
+        n, b = h.shape[0], self.base
         for i, w in enumerate(self.layers):
-            cache = self.kv[i, :, :rows]                                  # [2, rows, kv_heads, S, hd]
+            cache = self.kv[i, :, :rows]                                  # [2, rows, kv_heads, S - base, hd]
+            pre = None if self.prefix is None else self.prefix[i]         # [2, B, kv_heads, P, hd]
 
-            def attend(q, k, v, cache=cache, scale=w["scale"]):
-                if n == rows:   # decode (or G = 1): write the new slot, attend over every slot so far
-                    cache[0, :, :, slots], cache[1, :, :, slots] = k, v
-                    k, v = cache[0, :, :, :slots.stop], cache[1, :, :, :slots.stop]
-                else:           # prefill: attend within the prompt; its keys/values go to each of the G rows
+            def attend(q, k, v, cache=cache, pre=pre, scale=w["scale"]):
+                if pre is not None and n < rows:   # prefill: the prompt's keys/values, once per prompt
+                    pre[0, :, :, slots], pre[1, :, :, slots] = k, v
+                elif n < rows:  # prefill: attend within the prompt; its keys/values go to each of the G rows
                     cache[0, :, :, slots] = k.repeat_interleave(rows // n, 0)
                     cache[1, :, :, slots] = v.repeat_interleave(rows // n, 0)
+                else:           # decode (or G = 1): write the new slot, attend over every slot so far
+                    own = slice(slots.start - b, slots.stop - b)
+                    cache[0, :, :, own], cache[1, :, :, own] = k, v
+                    k, v = cache[0, :, :, :own.stop], cache[1, :, :, :own.stop]
+                    if pre is not None:                                   # the row's prompt slots first
+                        k = torch.cat([pre[0, self.prefix_row], k], 2)
+                        v = torch.cat([pre[1, self.prefix_row], v], 2)
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                       enable_gqa=self.nkv != self.nh)   # [n, nh, L, hd]
 
@@ -258,7 +276,8 @@ class LeanDecoder:
         for i, w in enumerate(self.layers):
             qkv = self._proj(i, "qkv", x[:, None])                         # [n, 1, (nh + 2 nkv) hd]
             k.rope_attend(qkv, pos, self.cos, self.sin, w["q_norm"], w["k_norm"], self.eps, self.kv[i, :, :n],
-                          slot, key_mask, self.nh, w["scale"], att)
+                          slot, key_mask, self.nh, w["scale"], att,
+                          prefix=None if self.prefix is None else self.prefix[i], prefix_row=self.prefix_row)
             k.add_rms(h, self._proj(i, "o", att[:, None]), w["ln2"], self.eps, x)
             gu = self._proj(i, "gu", x[:, None])                            # [n, 1, 2 I]
             act = k.silu_mul(gu.view(n, -1))[:, None] if self.silu else gated_mlp_input(gu, w["act"])
@@ -267,11 +286,14 @@ class LeanDecoder:
         return x
 
     def keep_rows(self, keep: torch.Tensor, upto: int) -> None:
-        """Drop finished rows: copy the kept rows' first `upto` cache slots into a smaller cache."""
+        """Drop finished rows: copy the kept rows' first `upto` cache slots into a smaller cache (a shared
+        prompt's slots stay where they are)."""
         L, _, _, nkv, S, hd = self.kv.shape
         kv = torch.empty(L, 2, keep.numel(), nkv, S, hd, dtype=self.kv.dtype, device=self.kv.device)
-        kv[..., :upto, :] = self.kv[:, :, keep, :, :upto]
+        kv[..., :upto - self.base, :] = self.kv[:, :, keep, :, :upto - self.base]
         self.kv = kv
+        if self.prefix_row is not None:
+            self.prefix_row = self.prefix_row[keep]
 
 
 @torch.no_grad()
@@ -356,7 +378,7 @@ class _LeanEngine:
     def __init__(self, model, prompt_ids, prompt_mask, group_size: int, max_new_tokens: int) -> None:
         B, P = prompt_ids.shape
         self.P, N = P, B * group_size
-        self.dec = LeanDecoder(model, N, P + max_new_tokens)
+        self.dec = LeanDecoder(model, N, P + max_new_tokens, prompts=B, prompt_len=P)
         self.dec.record = fast.start_record(model, prompt_ids, prompt_mask, group_size, max_new_tokens,
                                             self.dec.dims(), len(self.dec.layers))   # None: not recording
         self.logits0 = self.dec.prefill(prompt_ids, prompt_mask, group_size).repeat_interleave(group_size, 0)

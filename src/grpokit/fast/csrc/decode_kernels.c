@@ -8,7 +8,8 @@
  *   gk_add_rms      h += y (the residual), then out = w * h / sqrt(mean(h^2) + eps)   (RMSNorm)
  *   gk_rms_fwd, gk_rms_bwd  RMSNorm and its gradients for the training passes
  *   gk_rope_attend  optional per-head q/k RMSNorm, rotary on q and k, k and v written into the
- *                   cache at `slot`, then per head softmax(q k^T * scale + mask) v over slots 0..slot
+ *                   cache at `slot`, then per head softmax(q k^T * scale + mask) v over slots 0..slot;
+ *                   gk_rope_attend_prefix the same with the prompt's slots read from one copy per prompt
  *   gk_silu_mul     out = silu(gate) * up (from a fused [gate | up] projection or two tensors),
  *                   gk_silu_mul_bwd its gradients (the training passes' MLP)
  *   gk_sample       one token per row from softmax(z / tau) by inverse CDF (the first i with
@@ -96,45 +97,66 @@ int gk_vector_width(void) {
 #endif
 }
 
-/* One row's kv head g at a decode step: its new key (normed, rotated) and value go to the cache slot,
- * then the `group` query heads that share it attend over slots 0..slot (a row always sees its new key). */
+/* One row's kv head g at a decode step: its new key (normed, rotated) and value go to its own cache slot
+ * `own`, then the `group` query heads that share it attend over the prompt's keys `pre` (none when the
+ * row's own cache holds them) and its own slots 0..own (a row always sees its new key). m: the row's mask
+ * over its own slots. */
 static inline __attribute__((always_inline)) void attend_group(
         const float *qkv_row, int64_t g, const float *c, const float *s, const float *q_norm,
-        const float *k_norm, float eps, float *K, float *V, int64_t slot, const uint8_t *m,
+        const float *k_norm, float eps, float *K, float *V, int64_t own, gk_seg pre, const uint8_t *m,
         int64_t nh, int64_t nkv, int64_t group, const int64_t hd, float scale, float *sc, float *out_row) {
     float tmp[hd], q[group * hd];
-    norm_rope(qkv_row + (nh + g) * hd, k_norm, eps, c, s, hd, tmp, K + slot * hd);
-    memcpy(V + slot * hd, qkv_row + (nh + nkv + g) * hd, (size_t)hd * sizeof(float));
+    norm_rope(qkv_row + (nh + g) * hd, k_norm, eps, c, s, hd, tmp, K + own * hd);
+    memcpy(V + own * hd, qkv_row + (nh + nkv + g) * hd, (size_t)hd * sizeof(float));
     for (int64_t a = 0; a < group; a++)
         norm_rope(qkv_row + (g * group + a) * hd, q_norm, eps, c, s, hd, tmp, q + a * hd);
-    attend_heads(q, group, hd, K, V, m, slot + 1, scale, sc, out_row + g * group * hd, hd, NULL, 0);
+    gk_seg mine = {K, V, m, own + 1};
+    attend_heads(q, group, hd, pre, mine, scale, sc, out_row + g * group * hd, hd, NULL, 0);
 }
 
-/* One decode position per row.
+/* One decode position per row, the prompt's keys shared by the rows of a group.
  *   qkv   [n, (nh + 2 nkv) hd]   the fused projection output (q heads, then k heads, then v heads)
  *   pos   [n] int64              each row's position (indexes the cos/sin tables [*, hd])
- *   kc,vc [n, nkv, S, hd]        this layer's key and value cache; slot `slot` is written
- *   mask  [n, mask_stride] uint8 key j of row r is attended when mask[r, j] != 0 (j <= slot)
+ *   kc,vc [n, nkv, S, hd]        this layer's own key and value cache of each row: slot `slot` - P written
+ *   mask  [n, mask_stride] uint8 key j of row r is attended when mask[r, j] != 0 (j <= slot): the P
+ *                                prompt keys, then the row's own
+ *   pk,pv [B, nkv, P, hd]        the prompts' keys and values (P = 0: none, the own cache holds them);
+ *                                row r reads prompt prow[r]
  *   out   [n, nh hd]             attention output, heads concatenated
- */
-void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t,
-                    const float *q_norm, const float *k_norm, float eps,
-                    float *kc, float *vc, int64_t S, int64_t slot, const uint8_t *mask, int64_t mask_stride,
-                    int64_t n, int64_t nh, int64_t nkv, int64_t hd, float scale, float *out) {
-    int64_t width = (nh + 2 * nkv) * hd, group = nh / nkv, ctx = slot + 1;
+ * The rows of one kv head run in order, so the G rows of a prompt read its keys while they are in cache. */
+void gk_rope_attend_prefix(const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t,
+                           const float *q_norm, const float *k_norm, float eps, float *kc, float *vc, int64_t S,
+                           int64_t slot, const uint8_t *mask, int64_t mask_stride, int64_t n, int64_t nh,
+                           int64_t nkv, int64_t hd, float scale, float *out, const float *pk, const float *pv,
+                           int64_t P, const int64_t *prow) {
+    int64_t width = (nh + 2 * nkv) * hd, group = nh / nkv, ctx = slot + 1, own = slot - P;
 #pragma omp parallel for if (n * nh * ctx * hd >= 32768)
-    for (int64_t rg = 0; rg < n * nkv; rg++) {
-        int64_t r = rg / nkv, g = rg % nkv;
+    for (int64_t gr = 0; gr < n * nkv; gr++) {
+        int64_t g = gr / n, r = gr % n;
         float stack_sc[2048];                                            /* [group, ctx] scores */
         float *sc = group * ctx <= 2048 ? stack_sc : malloc((size_t)(group * ctx) * sizeof(float));
         const float *row = qkv + r * width, *c = cos_t + pos[r] * hd, *s = sin_t + pos[r] * hd;
         float *K = kc + (r * nkv + g) * S * hd, *V = vc + (r * nkv + g) * S * hd, *o = out + r * nh * hd;
         const uint8_t *m = mask + r * mask_stride;
-#define GK_ATTEND(HD) attend_group(row, g, c, s, q_norm, k_norm, eps, K, V, slot, m, nh, nkv, group, HD, scale, sc, o)
+        gk_seg pre = {NULL, NULL, m, 0};
+        if (P) {
+            int64_t at = (prow[r] * nkv + g) * P * hd;
+            pre = (gk_seg){pk + at, pv + at, m, P};
+        }
+#define GK_ATTEND(HD) attend_group(row, g, c, s, q_norm, k_norm, eps, K, V, own, pre, m + P, nh, nkv, group, HD, scale, sc, o)
         GK_BY_HEAD_SIZE(hd, GK_ATTEND);
 #undef GK_ATTEND
         if (sc != stack_sc) free(sc);
     }
+}
+
+/* gk_rope_attend_prefix with every key in the row's own cache (no shared prompt): slot `slot` written. */
+void gk_rope_attend(const float *qkv, const int64_t *pos, const float *cos_t, const float *sin_t,
+                    const float *q_norm, const float *k_norm, float eps,
+                    float *kc, float *vc, int64_t S, int64_t slot, const uint8_t *mask, int64_t mask_stride,
+                    int64_t n, int64_t nh, int64_t nkv, int64_t hd, float scale, float *out) {
+    gk_rope_attend_prefix(qkv, pos, cos_t, sin_t, q_norm, k_norm, eps, kc, vc, S, slot, mask, mask_stride, n, nh,
+                          nkv, hd, scale, out, NULL, NULL, 0, NULL);
 }
 
 /* Row r (< n) of the gate and up inputs of gk_silu_mul(_bwd) starts at (r / inner) so + (r % inner) si floats:

@@ -41,6 +41,14 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return d;
 }
 
+/* One segment of a decode step's keys: K, V [ctx, hd], key j attended when m[j] != 0. A row's keys are its
+ * prompt's (shared by the G rows of a group) then its own completion's: two segments, one softmax. */
+typedef struct {
+    const float *K, *V;
+    const uint8_t *m;
+    int64_t ctx;
+} gk_seg;
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define GK_AVX2 1
@@ -91,18 +99,22 @@ static inline __m256 scores8(const float *q, const float *K, const uint8_t *m, i
 }
 
 /* Values: o_a = inv_a sum_j p_a[j] V_j over the 32 floats at offset e of each value row, for the `two`
- * (1 or 2) query heads p_0, p_1 of one key/value head; the value rows are loaded once for both. */
-static inline void values32(const float *p0, const float *p1, int two, const float *V, int64_t ctx, int64_t hd,
+ * (1 or 2) query heads p_0, p_1 of one key/value head; the value rows are loaded once for both. The keys
+ * come in two segments (`gk_seg`): p_a holds segment A's ctx weights, then segment B's. */
+static inline void values32(const float *p0, const float *p1, int two, gk_seg A, gk_seg B, int64_t hd,
                             int64_t e, float inv0, float inv1, float *o0, float *o1) {
     __m256 a[4], b[4];
     for (int u = 0; u < 4; u++) a[u] = b[u] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < ctx; j++) {
-        const float *v = V + j * hd + e;
-        __m256 w0 = _mm256_broadcast_ss(p0 + j);
-        for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + 8 * u), a[u]);
-        if (two) {
-            __m256 w1 = _mm256_broadcast_ss(p1 + j);
-            for (int u = 0; u < 4; u++) b[u] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v + 8 * u), b[u]);
+    for (int part = 0; part < 2; part++) {
+        const float *V = part ? B.V : A.V, *w0s = part ? p0 + A.ctx : p0, *w1s = part ? p1 + A.ctx : p1;
+        for (int64_t j = 0, ctx = part ? B.ctx : A.ctx; j < ctx; j++) {
+            const float *v = V + j * hd + e;
+            __m256 w0 = _mm256_broadcast_ss(w0s + j);
+            for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + 8 * u), a[u]);
+            if (two) {
+                __m256 w1 = _mm256_broadcast_ss(w1s + j);
+                for (int u = 0; u < 4; u++) b[u] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v + 8 * u), b[u]);
+            }
         }
     }
     for (int u = 0; u < 4; u++) _mm256_storeu_ps(o0 + e + 8 * u, _mm256_mul_ps(a[u], _mm256_set1_ps(inv0)));
@@ -133,40 +145,50 @@ static inline float exp_shift_sum(float *p, int64_t n, float shift) {
     return t;
 }
 
-/* The `group` query heads q [group, hd] that share one key/value head attend over keys 0..ctx-1 of K, V
- * [ctx, hd] (key j when m[j] != 0; at least one is): head a's output goes to o + a * ostride, and when
- * lse is not NULL, log sum_j e^(s_j) to lse[a * lstride]. sc: [group, ctx] scratch. Inlined per head size
- * (below), so that for the usual sizes the loops over hd have a constant trip count. */
-static inline __attribute__((always_inline)) void attend_heads(
-        const float *q, int64_t group, const int64_t hd, const float *K, const float *V, const uint8_t *m,
-        int64_t ctx, float scale, float *sc, float *o, int64_t ostride, float *lse, int64_t lstride) {
-    float mx[group], inv[group];
-    for (int64_t a = 0; a < group; a++) mx[a] = -INFINITY;
+/* Scores of the `group` query heads q [group, hd] against segment S's keys: sc[a * tot + off + j] =
+ * q_a . K_j * scale (-inf where masked); mx[a] keeps each head's running maximum. */
+static inline __attribute__((always_inline)) void seg_scores(
+        const float *q, int64_t group, const int64_t hd, gk_seg S, float scale, float *sc, int64_t tot,
+        int64_t off, float *mx) {
     int64_t j0 = 0;
 #ifdef GK_AVX2
     if (hd % 8 == 0) {  /* keys 8 at a time; the rest (ctx % 8) below */
         for (int64_t a = 0; a < group; a++) {
             __m256 vmx = _mm256_set1_ps(-INFINITY);
-            for (int64_t j = 0; j + 8 <= ctx; j += 8) {
-                __m256 d = scores8(q + a * hd, K + j * hd, m + j, hd, scale);
-                _mm256_storeu_ps(sc + a * ctx + j, d);
+            for (int64_t j = 0; j + 8 <= S.ctx; j += 8) {
+                __m256 d = scores8(q + a * hd, S.K + j * hd, S.m + j, hd, scale);
+                _mm256_storeu_ps(sc + a * tot + off + j, d);
                 vmx = _mm256_max_ps(vmx, d);
             }
             float v[8];
             _mm256_storeu_ps(v, vmx);
             for (int u = 0; u < 8; u++) mx[a] = v[u] > mx[a] ? v[u] : mx[a];
         }
-        j0 = ctx - ctx % 8;
+        j0 = S.ctx - S.ctx % 8;
     }
 #endif
-    for (int64_t j = j0; j < ctx; j++) {
-        const float *k = K + j * hd;
+    for (int64_t j = j0; j < S.ctx; j++) {
+        const float *k = S.K + j * hd;
         for (int64_t a = 0; a < group; a++) {
-            float d = m[j] ? dot(q + a * hd, k, hd) * scale : -INFINITY;
-            sc[a * ctx + j] = d;
+            float d = S.m[j] ? dot(q + a * hd, k, hd) * scale : -INFINITY;
+            sc[a * tot + off + j] = d;
             mx[a] = d > mx[a] ? d : mx[a];
         }
     }
+}
+
+/* The `group` query heads q [group, hd] that share one key/value head attend over the keys of segments A
+ * then B (B.ctx may be 0; at least one key is attended): head a's output goes to o + a * ostride, and when
+ * lse is not NULL, log sum_j e^(s_j) to lse[a * lstride]. sc: [group, A.ctx + B.ctx] scratch. Inlined per
+ * head size (below), so that for the usual sizes the loops over hd have a constant trip count. */
+static inline __attribute__((always_inline)) void attend_heads(
+        const float *q, int64_t group, const int64_t hd, gk_seg A, gk_seg B, float scale, float *sc, float *o,
+        int64_t ostride, float *lse, int64_t lstride) {
+    float mx[group], inv[group];
+    int64_t ctx = A.ctx + B.ctx;
+    for (int64_t a = 0; a < group; a++) mx[a] = -INFINITY;
+    seg_scores(q, group, hd, A, scale, sc, ctx, 0, mx);
+    if (B.ctx) seg_scores(q, group, hd, B, scale, sc, ctx, A.ctx, mx);
     for (int64_t a = 0; a < group; a++) {  /* mx is finite: some key is attended */
         float total = exp_shift_sum(sc + a * ctx, ctx, mx[a]);
         inv[a] = 1.0f / total;
@@ -178,7 +200,7 @@ static inline __attribute__((always_inline)) void attend_heads(
             int two = a + 1 < group;
             const float *p1 = two ? sc + (a + 1) * ctx : sc;
             for (int64_t e = 0; e < hd; e += 32)
-                values32(sc + a * ctx, p1, two, V, ctx, hd, e, inv[a], two ? inv[a + 1] : 0.0f, o + a * ostride,
+                values32(sc + a * ctx, p1, two, A, B, hd, e, inv[a], two ? inv[a + 1] : 0.0f, o + a * ostride,
                          o + (a + two) * ostride);
         }
         return;
@@ -188,8 +210,8 @@ static inline __attribute__((always_inline)) void attend_heads(
         float acc[hd], *p = sc + a * ctx;
         for (int64_t e = 0; e < hd; e++) acc[e] = 0.0f;
         for (int64_t j = 0; j < ctx; j++) {
-            float w = p[j];
-            for (int64_t e = 0; e < hd; e++) acc[e] += w * V[j * hd + e];
+            const float w = p[j], *v = j < A.ctx ? A.V + j * hd : B.V + (j - A.ctx) * hd;
+            for (int64_t e = 0; e < hd; e++) acc[e] += w * v[e];
         }
         for (int64_t e = 0; e < hd; e++) o[a * ostride + e] = acc[e] * inv[a];
     }
