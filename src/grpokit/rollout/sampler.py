@@ -150,6 +150,9 @@ class DecodeLinear:
 # longer ones as one batched pass. Tiny bench model, 4 prompts: 2.9 vs 4.0 ms at 10 tokens, 7.2 vs 5.5 ms
 # at 32, 13.2 vs 8.1 at 64.
 PREFILL_STEPS_MAX = 16
+# Each prompt's cache slots kept once and read by its G rows (else copied to every row). GSM8K, SmolLM2 bf16,
+# 16 prompts x 8 rows x 256 tokens (benchmarks/prompt_cache.py): see docs/performance.md.
+SHARE_PROMPT_CACHE = True
 
 
 class LeanDecoder:
@@ -188,11 +191,12 @@ class LeanDecoder:
         self.native = fast.kernels_for(model)        # C kernels (grpokit.fast.native) inside fast.accelerated
         self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")
         self.whole = fast.whole_step_for(self, rows)  # the whole step in one C call where it applies, or None
-        # The KV cache. With G > 1 rows per prompt (and no one-call step, whose short prompts are cheap to
-        # copy), each prompt's slots are kept once, `prefix` [layers, 2, B, kv_heads, P, hd], and read by
-        # its G rows (`prefix_row`: each row's prompt); `kv` then holds each row's own slots from P on.
-        # GSM8K's 4 x 8 rows of 470-token prompts: 8x fewer prompt keys/values written, kept and read.
-        shared = self.whole is None and 0 < prompts < rows and prompt_len > 0
+        # The KV cache. With the C kernels, G > 1 rows per prompt and no one-call step (whose short prompts
+        # are cheap to copy), each prompt's slots are kept once, `prefix` [layers, 2, B, kv_heads, P, hd],
+        # and read by its G rows (`prefix_row`: each row's prompt); `kv` then holds each row's own slots
+        # from P on. Else (the readable path, CUDA) each row's cache holds a copy of its prompt's slots.
+        shared = SHARE_PROMPT_CACHE and self.native is not None and self.whole is None \
+            and 0 < prompts < rows and prompt_len > 0
         self.base = prompt_len if shared else 0                      # cache slot s lives in kv at s - base
         self.prefix = torch.empty(len(self.layers), 2, prompts, self.nkv, prompt_len, self.hd, dtype=w.dtype,
                                   device=w.device) if shared else None
@@ -230,7 +234,7 @@ class LeanDecoder:
                     own = slice(slots.start - b, slots.stop - b)
                     cache[0, :, :, own], cache[1, :, :, own] = k, v
                     k, v = cache[0, :, :, :own.stop], cache[1, :, :, :own.stop]
-                    if pre is not None:                                   # the row's prompt slots first
+                    if pre is not None:   # the row's prompt slots first (a shared cache read without kernels)
                         k = torch.cat([pre[0, self.prefix_row], k], 2)
                         v = torch.cat([pre[1, self.prefix_row], v], 2)
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
