@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from grpokit import fast
 from grpokit.fast import native, whole_step
 from grpokit.model.testing import bench_prompts, build_model
-from grpokit.rollout import sampler
+from grpokit.rollout import decode_linear, sampler
 from grpokit.rollout.groups import sample_groups
 
 K = native.kernels()
@@ -308,7 +308,7 @@ def test_one_call_step_only_where_it_applies(tiny_model, monkeypatch):
     """Packed (oneDNN) weights and non-SiLU MLPs keep the per-layer path; a recording decoder (reuse)
     takes the per-layer path at every step, since only it hands each projection to the record."""
     assert (sampler.LeanDecoder(tiny_model, 2, 16).whole is not None) == bool(_one_call_modes())
-    monkeypatch.setattr(sampler, "PACK_MIN_ELEMENTS", 1)                  # every weight packed
+    monkeypatch.setattr(decode_linear, "PACK_MIN_ELEMENTS", 1)                  # every weight packed
     assert sampler.LeanDecoder(tiny_model, 2, 16).whole is None
     monkeypatch.undo()
     dec = sampler.LeanDecoder(tiny_model, 2, 16)

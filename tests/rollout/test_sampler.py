@@ -7,7 +7,7 @@ import torch
 
 from grpokit.model.logprobs import per_token_logprobs, position_ids_from_mask
 from grpokit.model.testing import bench_prompts, build_model
-from grpokit.rollout import sampler, sampling
+from grpokit.rollout import decode_linear, sampler, sampling
 from grpokit.rollout.groups import encode_prompts, sample_groups
 
 PROMPTS = ["What is 1+2?", "33+44=", "7*8?", "a"]
@@ -147,8 +147,8 @@ def test_decode_linear_packs_only_large_weights_and_agrees_with_f_linear():
     torch.manual_seed(0)
     big = torch.nn.Linear(512, 1024)
     small = torch.nn.Linear(128, 256, bias=False)
-    lin_big = sampler.DecodeLinear(big.weight, big.bias, rows=32)
-    lin_small = sampler.DecodeLinear(small.weight, None, rows=32)
+    lin_big = decode_linear.DecodeLinear(big.weight, big.bias, rows=32)
+    lin_small = decode_linear.DecodeLinear(small.weight, None, rows=32)
     assert lin_small.packed is None
     if torch.backends.mkldnn.is_available():
         assert lin_big.packed is not None

@@ -3,6 +3,7 @@
     groups        sample_groups, Rollout (ids, masks up to the first EOS), prompt encoding
     sampler       grpokit's own KV-cache decode loop (rollout.backend=fast); its C kernels come through
                   grpokit.fast
+    decode_linear the decode loop's matmuls (weights packed once per call for oneDNN)
     cached_engine the decode loop's engine for other architectures (a transformers DynamicCache)
     sampling      the token draw: temperature, top-k, top-p, exactly `generate`'s distribution
     vllm_backend  the same Rollout from a vLLM engine (rollout.backend=vllm)

@@ -11,7 +11,7 @@ Two engines, chosen per model:
            tables built once, and a KV cache the sampler owns: preallocated tensors, the prompts' slots
            [layers, 2, B, kv_heads, P, head_dim] and each row's own [layers, 2, N, kv_heads, T, head_dim],
            written in place (no per-step concatenation);
-           large weights packed once per call for oneDNN (`DecodeLinear`).
+           large weights packed once per call for oneDNN (`decode_linear.DecodeLinear`).
   * cached (other known architectures): the model's forward with a transformers DynamicCache.
 Anything else goes to `model.generate` (groups.py), with one log line.
 
@@ -40,6 +40,7 @@ from grpokit.model.logprobs import CACHE_MODEL_TYPES, position_ids_from_mask
 from grpokit.model.lora import effective_linear
 from grpokit.model.precision import autocast_for, compute_dtype
 from grpokit.rollout.cached_engine import CachedEngine
+from grpokit.rollout.decode_linear import DecodeLinear, fused
 from grpokit.rollout.sampling import pick_tokens
 
 log = logging.getLogger("grpokit")
@@ -97,55 +98,6 @@ def lean_supported(model, max_positions: int) -> bool:
     return _plain_linear(model.get_output_embeddings())
 
 
-def _fused(*mods, rows: int, compute) -> "DecodeLinear":
-    """One DecodeLinear for projections that read the same input (q|k|v, gate|up), LoRA merged in."""
-    pairs = [effective_linear(m) for m in mods]
-    weight = torch.cat([w for w, _ in pairs]) if len(pairs) > 1 else pairs[0][0]
-    bias = None if all(b is None for _, b in pairs) else \
-        torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs])
-    return DecodeLinear(weight, bias, rows, compute)
-
-
-# Weights at least this large (in x out) run through oneDNN with the weight packed once per sampling
-# call: at 8-64 rows per step, MKL's sgemm re-packs the weight on every call and reaches about half the
-# rate of the packed kernel (docs/performance.md). Smaller matrices are faster through plain F.linear.
-PACK_MIN_ELEMENTS = 512 * 512
-
-
-class DecodeLinear:
-    """y = x W^T + b for the decode loop: plain F.linear, or oneDNN on a weight packed for `rows` rows.
-
-    The choice depends only on the weight's shape, dtype and device (never on timings), so a run
-    repeats bit for bit; both paths agree to fp32 rounding (summation order).
-    compute (bf16 mixed precision): W and b are kept as bf16 copies (packed for oneDNN the same way:
-    1536 x 576 at 32 rows, 144 us packed vs 174 us plain bf16 vs 266 us packed fp32), x is cast down
-    and y back up, so the decoder around the matmuls (and its fp32 C kernels) stays float32.
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
-                 compute: torch.dtype | None = None) -> None:
-        if compute is not None:
-            weight, bias = weight.detach().to(compute), None if bias is None else bias.detach().to(compute)
-        self.weight, self.bias, self.packed, self.compute = weight, bias, None, compute
-        if (weight.numel() >= PACK_MIN_ELEMENTS and weight.device.type == "cpu"
-                and weight.dtype in (torch.float32, torch.bfloat16)
-                and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-            try:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
-            except (RuntimeError, AttributeError):                       # an older build without the op
-                self.packed = None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.compute is not None:
-            return self._linear(x.to(self.compute)).float()
-        return self._linear(x)
-
-    def _linear(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-
 # Prompts up to this length are prefilled as one-call decode steps (`fast.whole_step.WholeStep.prefill`);
 # longer ones as one batched pass. Tiny bench model, 4 prompts: 2.9 vs 4.0 ms at 10 tokens, 7.2 vs 5.5 ms
 # at 32, 13.2 vs 8.1 at 64.
@@ -175,10 +127,10 @@ class LeanDecoder:
             a, m = layer.self_attn, layer.mlp
             spec = LayerSpec.of(layer, cfg)
             self.layers.append({
-                "qkv": _fused(a.q_proj, a.k_proj, a.v_proj, rows=rows, compute=compute),
-                "o": _fused(a.o_proj, rows=rows, compute=compute),
-                "gu": _fused(m.gate_proj, m.up_proj, rows=rows, compute=compute),
-                "down": _fused(m.down_proj, rows=rows, compute=compute), "act": m.act_fn,
+                "qkv": fused(a.q_proj, a.k_proj, a.v_proj, rows=rows, compute=compute),
+                "o": fused(a.o_proj, rows=rows, compute=compute),
+                "gu": fused(m.gate_proj, m.up_proj, rows=rows, compute=compute),
+                "down": fused(m.down_proj, rows=rows, compute=compute), "act": m.act_fn,
                 "ln1": spec.ln1, "ln2": spec.ln2, "scale": a.scaling, "q_norm": spec.q_norm,
                 "k_norm": spec.k_norm,
                 "spec": dataclasses.replace(spec, eps=self.eps)})   # the final norm's eps, as before
