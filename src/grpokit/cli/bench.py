@@ -132,7 +132,7 @@ def bench_step(state: TrainState, prompts: list[str], args) -> tuple[dict, Rollo
     """One step of fixed work, phase by phase (the phases of train_step): (seconds per phase, the rollout,
     whether the update reused the sampler's projections)."""
     cfg, model, ref = state.cfg, state.model, state.ref_model
-    timer, t0 = PhaseTimer(), time.perf_counter()
+    timer, t0 = PhaseTimer(cuda=next(model.parameters()).is_cuda), time.perf_counter()
     with fast.accelerated(model, cfg):                    # as train_step does
         with timer("generate"):
             r = sample_groups(model, state.tokenizer, prompts, args.num_generations, args.completion_length,

@@ -21,6 +21,8 @@ def main(argv: list[str]) -> int:
     cfg = train_config(path, overrides, resume=args.resume, overwrite=args.overwrite)
     print(describe(cfg), flush=True)
     state = train_grpo(cfg)
+    if not state.dist.is_main:   # under torchrun rank 0 alone reports and draws the plot
+        return 0
     print(f"done: {state.step} steps; metrics in {cfg.run.output_dir}/metrics.jsonl, "
           f"model in {cfg.run.output_dir}/final", flush=True)
     try:  # a resumed run may lack the 'before' evaluation: then there is no table to print

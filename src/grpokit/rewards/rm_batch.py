@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from grpokit.errors import ConfigError
+from grpokit.model.devices import resolve_device
 from grpokit.rewards.calls import RewardError
 
 TRANSFORMS = ("none", "sigmoid")
@@ -26,16 +28,16 @@ PRECISIONS = ("fp32", "bf16")
 
 def rm_device(device: str | torch.device | None,
               policy_device: str | torch.device | None = None) -> torch.device:
-    """Where a reward model runs: the device given, or (auto) the policy's, else CUDA when visible."""
+    """Where a reward model runs: the device given, or (auto) the policy's, else this rank's device
+    (`grpokit.model.devices.resolve_device`: CUDA when visible, cuda:LOCAL_RANK under a launcher)."""
     if isinstance(device, torch.device):
         return device
-    if device in (None, "auto"):
-        if policy_device is not None:
-            return torch.device(policy_device)
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise RewardError(f"rm.device={device} but no CUDA device is visible: use rm.device=cpu or auto")
-    return torch.device(device)
+    if device in (None, "auto") and policy_device is not None:
+        return torch.device(policy_device)
+    try:
+        return resolve_device(device or "auto", where="rm.device", per_rank=False)
+    except ConfigError as e:
+        raise RewardError(str(e)) from None
 
 
 def rm_autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

@@ -105,6 +105,11 @@ PREFILL_STEPS_MAX = 16
 # Each prompt's cache slots kept once and read by its G rows (else copied to every row). GSM8K, SmolLM2 bf16,
 # 256 tokens (benchmarks/prompt_cache.py): 1.48x at 4 x 8 rows, 1.35x at 16 x 8 (KV cache 1805 vs 4359 MiB).
 SHARE_PROMPT_CACHE = True
+# On CUDA the loop asks how many rows finished (a host sync) every this many steps, not every step: a
+# finished row decodes a few more tokens (masked out after its EOS) instead of the GPU idling each step.
+CUDA_CHECK_EVERY = 8
+# On CUDA with bf16 compute the lean decoder caches and attends in bf16 (LeanDecoder.__init__).
+CUDA_KV_IN_COMPUTE = True
 
 
 class LeanDecoder:
@@ -154,8 +159,12 @@ class LeanDecoder:
                                   device=w.device) if shared else None
         self.prefix_row = torch.arange(prompts, device=w.device).repeat_interleave(rows // prompts) \
             if shared else None
+        # CUDA with bf16 compute: keys and values cached and attended in bf16, as the training forward's
+        # autocast SDPA does (half the cache bytes); on the CPU they stay float32 (the C kernels read it).
+        gpu_bf16 = compute is not None and w.device.type == "cuda" and CUDA_KV_IN_COMPUTE
+        kv_dtype = compute if gpu_bf16 else w.dtype
         self.kv = torch.empty(len(self.layers), 2, rows, self.nkv, max_len - self.base, self.hd,
-                              dtype=w.dtype, device=w.device)
+                              dtype=kv_dtype, device=w.device)
 
     def dims(self) -> dict[str, int]:
         """Output width of each projection (what an ActivationRecord stores per position)."""
@@ -189,7 +198,7 @@ class LeanDecoder:
                     if pre is not None:   # the row's prompt slots first (a shared cache read without kernels)
                         k = torch.cat([pre[0, self.prefix_row], k], 2)
                         v = torch.cat([pre[1, self.prefix_row], v], 2)
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                return F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=scale,
                                                       enable_gqa=self.nkv != self.nh)   # [n, nh, L, hd]
 
             h = decoder_layer(h, w["spec"], project=lambda name, x, i=i: self._proj(i, name, x), cos=cos,
@@ -315,6 +324,7 @@ def _decode(engine, N: int, max_new_tokens: int, temperature: float, top_p: floa
             break
         if not suppress_eos:
             finished |= torch.isin(tok, eos)
+        if not suppress_eos and (device.type != "cuda" or (t + 1) % CUDA_CHECK_EVERY == 0):
             n_done = int(finished.sum())
             if n_done == finished.numel():
                 break

@@ -3,8 +3,9 @@
     torchrun --nproc_per_node N -m grpokit train cfg.yaml      # or: accelerate launch -m grpokit train ...
 
 Both launchers set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `Distributed.from_env`
-reads them and opens the process group (NCCL on GPUs, gloo on CPU). Without them (world size W = 1)
-every method returns its input and no collective runs: the single-process path is unchanged.
+reads them and opens the process group (NCCL when the ranks compute on GPUs, gloo on CPU). Without them
+(world size W = 1) every method returns its input and no collective runs: the single-process path is
+unchanged.
 
 How one step of B prompts x G completions is split over W ranks:
 
@@ -45,6 +46,7 @@ import torch
 import torch.distributed as tdist
 
 from grpokit.errors import ConfigError
+from grpokit.model.devices import backend_for, launcher_ranks, resolve_device
 from grpokit.model.logprobs import per_token_logprobs
 from grpokit.train import checkpoint
 from grpokit.train.fsdp_checkpoint import resume_sharded, save_sharded
@@ -109,22 +111,25 @@ class Distributed:
     _wrappers: dict[int, torch.nn.Module] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_env(cls, fsdp: bool = False, env: dict[str, str] | None = None) -> "Distributed":
+    def from_env(cls, fsdp: bool = False, env: dict[str, str] | None = None,
+                 device: str = "auto") -> "Distributed":
         """Read the launcher's environment and open the process group when WORLD_SIZE > 1.
 
-        Backend: NCCL when CUDA is available (one GPU per rank: cuda:LOCAL_RANK), gloo on CPU.
+        device: model.device. The backend follows the device the ranks compute on (NCCL for CUDA, gloo
+        otherwise, `grpokit.model.devices`); on CUDA each rank's current device is cuda:LOCAL_RANK.
         """
         env = dict(os.environ if env is None else env)
-        world = int(env.get("WORLD_SIZE", "1"))
+        rank, local, world = launcher_ranks(env)
         if world <= 1:
             return cls(fsdp=False)
-        rank, local = int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", env.get("RANK", "0")))
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(local)   # "cuda" now means this rank's GPU (models.resolve_device)
+        where = resolve_device(device, env=env)
+        backend = backend_for(where)
+        if where.type == "cuda":
+            torch.cuda.set_device(where)
         if not tdist.is_initialized():
             tdist.init_process_group(backend, rank=rank, world_size=world,
                                      timeout=datetime.timedelta(minutes=30))
+        log.info("distributed: rank %d of %d computes on %s, backend %s", rank, world, where, backend)
         return cls(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local,
                    backend=backend, fsdp=fsdp)
 
@@ -239,6 +244,8 @@ class Distributed:
         """
         if not self.enabled:
             return model
+        if not any(True for _ in model.parameters()):
+            return model   # a LoRA reference: a view of the policy's modules, wrapped with the policy
         wrapper = LogprobsForward(model)
         if self.fsdp:
             from torch.distributed.fsdp import fully_shard
@@ -265,6 +272,9 @@ class Distributed:
     def logprobs_fn(self, model: torch.nn.Module) -> Callable[..., Any]:
         """A `per_token_logprobs`-compatible function that runs `model` through its DDP/FSDP wrapper."""
         wrapper = self._wrappers.get(id(model))
+        owner = getattr(model, "weights_owner", None)         # a LoRA reference: the policy, adapters off
+        if wrapper is None and self.fsdp and owner is not None and id(owner) in self._wrappers:
+            return self._reference_view_fn(model, self._wrappers[id(owner)])
         if wrapper is None:
             return per_token_logprobs
 
@@ -273,6 +283,17 @@ class Distributed:
                 return per_token_logprobs(m, input_ids, attention_mask, completion_length,
                                           temperature=temperature, **kw)
             return wrapper(input_ids, attention_mask, completion_length, temperature, **kw)
+
+        return fn
+
+    @staticmethod
+    def _reference_view_fn(view: torch.nn.Module, wrapper: torch.nn.Module) -> Callable[..., Any]:
+        """The LoRA reference under FSDP: the policy's sharded wrapper run with the adapters disabled
+        (the base weights are the reference's; nothing is sharded twice)."""
+
+        def fn(m, input_ids, attention_mask, completion_length, temperature=1.0, **kw):
+            with torch.no_grad(), view.base_model_mode():
+                return wrapper(input_ids, attention_mask, completion_length, temperature, **kw)
 
         return fn
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from grpokit.config.schema import GRPOConfig
+from grpokit.model.devices import place_model, resolve_device
 from grpokit.model.loading import load_model_and_tokenizer
 from grpokit.model.lora import is_peft_model, reference_for, save_lora
 from grpokit.model.precision import apply_precision, reference_storage
@@ -49,11 +50,13 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     cfg.reward.funcs. dist: the ranks (`train_grpo` passes the one it opened); None: from the environment.
     """
     if dist is None:  # torchrun / accelerate launch: N ranks; else a no-op
-        dist = Distributed.from_env(cfg.run.fsdp)
+        dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device)
     dist.check(cfg.rollout.prompts_per_step)
     torch.manual_seed(cfg.run.seed)
     if model is None:
         model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
+    else:  # a model passed in ends on this rank's device too (grpokit.model.devices)
+        model = place_model(model, resolve_device(cfg.model.device), what="the policy")
     # fp32, or bf16 compute on fp32 master weights (logged)
     apply_precision(model, cfg)
     # beta = 0: no reference at all; LoRA: the base with adapters disabled (no copy of the weights)
@@ -113,7 +116,8 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     out_dir = Path(cfg.run.output_dir)
     resolve_report_to(cfg.run.report_to)  # a missing tracker package fails now, not after loading the model
     check_environment(cfg)                 # the device and optional packages too (grpokit.train.preflight)
-    dist = Distributed.from_env(cfg.run.fsdp)  # several ranks: only rank 0 writes, evaluates and saves
+    # several ranks: only rank 0 writes, evaluates and saves
+    dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device)
     if dist.is_main:
         run_dir.check_output_dir(cfg)   # refuse a busy or unwritable folder now, deleting nothing
     else:
@@ -132,7 +136,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     events.train_begin(state)
     if not resumed and state.eval_examples:
         loggers.log_eval(events.evaluate(_evaluate_and_log(state, writer, "before")))
-    timer = PhaseTimer()
+    timer = PhaseTimer(cuda=next(state.model.parameters()).is_cuda)   # GPU runs sync at phase ends
     step = step_function(cfg)  # GRPO's train_step, or PPO's (the critic baseline): chosen once, here
     bar = tqdm(total=cfg.run.max_steps, initial=state.step, disable=not (cfg.run.progress and main),
                desc="grpo", dynamic_ncols=True)

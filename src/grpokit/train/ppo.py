@@ -185,7 +185,7 @@ def ppo_learn(state: TrainState, rollout: Rollout, rewards: torch.Tensor,
 
 def ppo_train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None) -> dict[str, float]:
     """One PPO step on fresh generations: sample, score, reference, values, GAE, update, log."""
-    timer = timer or PhaseTimer()
+    timer = timer or PhaseTimer(cuda=next(state.model.parameters()).is_cuda)
     # the optional CPU speed-ups (grpokit.fast) for this step's passes, as in GRPO's train_step
     with fast.accelerated(state.model, state.cfg, world_size=state.dist.world_size, timer=timer):
         rollout, scores, correct, info = collect_batch(state, timer)

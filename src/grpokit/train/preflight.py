@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 
-import torch
-
 from grpokit.config.schema import ConfigError, GRPOConfig
+from grpokit.model.devices import resolve_device
 from grpokit.rollout.groups import PromptTooLongError
 from grpokit.rollout.vllm_backend import INSTALL_HINT as VLLM_HINT
 from grpokit.tasks import TaskError
@@ -30,20 +29,9 @@ def check_environment(cfg: GRPOConfig) -> None:
 
 
 def check_device(name: str) -> None:
-    """model.device names a device this machine has (the spelling was checked when the config was built)."""
-    kind, _, index = name.partition(":")
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"model.device={name} but no CUDA device is visible: use model.device=cpu "
-                              "(or auto)")
-        count = torch.cuda.device_count()
-        if index and int(index) >= count:
-            raise ConfigError(f"model.device={name} but this machine has {count} CUDA device(s), "
-                              f"cuda:0 to cuda:{count - 1}: pick one of them")
-    if kind == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("model.device=mps but the MPS backend is not available here: use model.device=auto")
-    if kind == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
-        raise ConfigError(f"model.device={name} but no XPU device is visible: use model.device=auto")
+    """model.device names a device this machine (and this rank, under a launcher) has; the spelling was
+    checked when the config was built. The rules: `grpokit.model.devices`."""
+    resolve_device(name)
 
 
 def required_packages(cfg: GRPOConfig) -> list[tuple[str, str]]:

@@ -68,7 +68,7 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
     if lo.algorithm == "ppo":
         raise ValueError("loss.algorithm=ppo: run grpokit.train.ppo.ppo_train_step on this state "
                          "(train_grpo picks it: step_function)")
-    timer = timer or PhaseTimer()
+    timer = timer or PhaseTimer(cuda=next(state.model.parameters()).is_cuda)
     # Every optional CPU speed-up (decode kernels, activation reuse: grpokit.fast) is on for this
     # step's passes only; outside this block, and with it left out, the step is plain PyTorch.
     with fast.accelerated(state.model, cfg, world_size=state.dist.world_size, timer=timer):

@@ -23,12 +23,8 @@ from typing import Any
 from grpokit.cli.main import describe
 from grpokit.config.schema import ConfigError, build_config
 from grpokit.config.schema import GRPOConfig as NestedConfig
-from grpokit.model.loading import (
-    check_tokenizer_fits,
-    load_model_and_tokenizer,
-    prepare_tokenizer,
-    resolve_device,
-)
+from grpokit.model.devices import place_model, resolve_device
+from grpokit.model.loading import check_tokenizer_fits, load_model_and_tokenizer, prepare_tokenizer
 from grpokit.observe.model_card import write_model_card
 from grpokit.train import checkpoint
 from grpokit.train.callbacks import TrainHooks
@@ -116,7 +112,8 @@ class GRPOTrainer:
                 from transformers import AutoTokenizer
 
                 tokenizer = AutoTokenizer.from_pretrained(model_name(model))
-            model.to(resolve_device(cfg.model.device))
+            # this rank's device (cuda:LOCAL_RANK under torchrun), decided from the launcher's environment
+            place_model(model, resolve_device(cfg.model.device), what="the model")
             if cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
                 model.gradient_checkpointing_enable()
                 model.config.use_cache = False
