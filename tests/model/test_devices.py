@@ -98,7 +98,10 @@ def test_trl_trainer_places_a_given_model_on_its_ranks_gpu(monkeypatch, tmp_path
     seen, record = _placements(monkeypatch)
     monkeypatch.setattr(trl_trainer, "place_model", record)
     tok = build_char_tokenizer()
-    GRPOTrainer(model=tiny_random_model(tok), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+    def zero(completions, **kw):
+        return [0.0] * len(completions)
+
+    GRPOTrainer(model=tiny_random_model(tok), reward_funcs=[zero],
                 args=GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4,
                                 num_generations=2, use_cpu=False, report_to="none"),
                 train_dataset=[{"prompt": "Go:"}] * 4, processing_class=tok)

@@ -16,8 +16,9 @@ from safetensors.torch import load_file
 from grpokit.config.schema import build_config
 from grpokit.observe.metrics import read_metrics
 from grpokit.train import checkpoint, run_dir
-from grpokit.train.checkpoint import CheckpointError, rng_state, set_rng_state, verify_checkpoint
+from grpokit.train.checkpoint import CheckpointError, rng_state, set_rng_state
 from grpokit.train.loop import build_state, save_final, train_grpo
+from grpokit.train.resume import verify_checkpoint
 
 # a reward with signal: weights move
 EASY = str(Path(__file__).resolve().parents[1] / "easy_rewards.py") + ":share_of_a"

@@ -13,8 +13,8 @@ import grpokit.train.step as step_mod
 import grpokit.train.update as update_mod
 from grpokit.config.schema import build_config
 from grpokit.observe.metrics import read_metrics
-from grpokit.train.checkpoint import verify_checkpoint
 from grpokit.train.loop import train_grpo
+from grpokit.train.resume import verify_checkpoint
 
 DENSE = str(Path(__file__).resolve()) + ":dense_reward"
 

@@ -22,7 +22,8 @@ import torch
 from safetensors.torch import load_file
 
 from grpokit.observe.metrics import read_metrics
-from grpokit.train.checkpoint import list_checkpoints, verify_checkpoint
+from grpokit.train.checkpoint import list_checkpoints
+from grpokit.train.resume import verify_checkpoint
 
 STEPS, SAVE = 12, 3
 DENSE = str(Path(__file__).with_name("test_guards.py").resolve()) + ":dense_reward"

@@ -1,6 +1,7 @@
 """The policy and its reference: loading, LoRA, precision, and [D] per-token log-probs (the plain path).
 
     loading      policies, tokenizers (HF folders, GGUF, aliases, the built-in offline models)
+    devices      where every model runs: one resolver for the policy, reward models and the ranks
     reference    pi_ref: a frozen copy, its reset towards the policy
     lora         LoRA adapters (the [peft] extra)
     precision    fp32 master weights with bf16 compute where the hardware has native bf16 matmuls

@@ -14,7 +14,6 @@ so a checkpoint stores nothing for it and there is no second copy of the weights
 from __future__ import annotations
 
 import contextlib
-import copy
 import difflib
 import logging
 from pathlib import Path
@@ -181,13 +180,41 @@ def reference_for(model: torch.nn.Module) -> torch.nn.Module:
     return frozen_reference(model)
 
 
-def save_lora(model: torch.nn.Module, out: Path) -> Path:
+def save_lora(model: torch.nn.Module, out: Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Save the adapter into `out` (peft format) and a merged plain model into `out/merged`.
 
-    The merge runs on a copy (W <- W + (alpha / r) * B @ A), so the live policy keeps its adapters.
-    Returns the merged folder, which plain `AutoModelForCausalLM.from_pretrained` loads.
+    state_dict: the PeftModel's whole state dict when the live one cannot be read here (FSDP: rank 0's
+    gathered copy); default model.state_dict(). The merge W <- W + (alpha / r) * B @ A is computed on
+    that dict (`merged_state_dict`), so the live policy keeps its adapters. Returns the merged folder,
+    which plain `AutoModelForCausalLM.from_pretrained` loads.
     """
-    model.save_pretrained(out)
-    merged = copy.deepcopy(model).merge_and_unload()
-    merged.save_pretrained(out / "merged")
+    weights = model.state_dict() if state_dict is None else state_dict
+    model.save_pretrained(out, state_dict=weights)
+    model.get_base_model().save_pretrained(out / "merged", state_dict=merged_state_dict(model, weights))
     return out / "merged"
+
+
+def merged_state_dict(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A PeftModel's state dict with every LoRA layer merged, in the plain model's names.
+
+    For each adapted linear layer `name`: name.weight = base_layer.weight + sum_a s_a * B_a @ A_a, with
+    s_a = lora_alpha / r (`module.scaling`); adapter tensors are dropped and the `base_model.model.` prefix
+    removed, so the keys are those of the model before wrapping.
+    """
+    prefix = "base_model.model."
+    out = {}
+    for key, value in weights.items():
+        if ".lora_" in key:
+            continue
+        out[key.removeprefix(prefix).replace(".base_layer.", ".")] = value
+    for name, module in model.named_modules():
+        lora_a, lora_b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
+        if lora_a is None or lora_b is None:
+            continue
+        target = f"{name.removeprefix(prefix)}.weight"
+        for adapter in lora_a:
+            a = weights[f"{name}.lora_A.{adapter}.weight"].float()
+            b = weights[f"{name}.lora_B.{adapter}.weight"].float()
+            merged = out[target].float() + module.scaling[adapter] * (b @ a)
+            out[target] = merged.to(out[target].dtype)
+    return out

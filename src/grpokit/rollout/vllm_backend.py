@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from safetensors.torch import save, save_file
 
+from grpokit.model.precision import compute_dtype
 from grpokit.rollout.groups import Rollout, completion_mask_from_ids, encode_prompts, eos_token_ids
 from grpokit.rollout.vllm_engine import (
     INSTALL_HINT,
@@ -178,12 +179,18 @@ def build_rollouts(state: Any) -> VLLMRollouts:
     require_vllm()
     with tempfile.TemporaryDirectory(prefix="grpokit-vllm-") as folder:   # vLLM starts from a plain HF folder
         save_plain_folder(state.model, state.tokenizer, Path(folder))
-        engine = VLLMEngine(folder, dtype=m.dtype, seed=state.cfg.run.seed,
+        engine = VLLMEngine(folder, dtype=engine_dtype(state.model, m.dtype), seed=state.cfg.run.seed,
                             max_model_len=r.max_prompt_length + r.max_completion_length,
                             gpu_memory_utilization=r.vllm_gpu_memory_utilization,
                             kv_cache_gib=r.vllm_kv_cache_gib, cpu_threads=r.vllm_cpu_threads,
                             enforce_eager=r.vllm_enforce_eager)
     return VLLMRollouts(engine, colocate=True, synced_step=state.step)
+
+
+def engine_dtype(model: torch.nn.Module, stored: str) -> str:
+    """The dtype vLLM computes in: the one the trainer computes in (bf16 mixed precision: bfloat16, half
+    the KV cache of float32 and the update's own rounding), else the stored weights' (model.dtype)."""
+    return "bfloat16" if compute_dtype(model) == torch.bfloat16 else stored
 
 
 def save_plain_folder(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:

@@ -20,6 +20,7 @@ How the engine is driven (each choice asked of the installed vLLM, not assumed):
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -157,6 +158,26 @@ def check_cpu_head_size(model_path: str) -> None:
                         f"{', '.join(map(str, sizes))}): use rollout.backend=auto for this model")
 
 
+@contextlib.contextmanager
+def engine_environment() -> Iterator[None]:
+    """vLLM's settings for an engine inside the trainer's process, set while it starts and restored after:
+    the engine in this process (weights load here, no worker process), and the trainer's threads not
+    pinned to cores (unless the user set either)."""
+    wanted = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    saved = {k: os.environ.get(k) for k in wanted}
+    for k, v in wanted.items():
+        if saved[k] is None or k == "VLLM_ENABLE_V1_MULTIPROCESSING":
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class VLLMEngine:
     """A vLLM `LLM` engine in this process (colocated rollouts, and what `grpokit vllm-serve` serves)."""
 
@@ -164,8 +185,6 @@ class VLLMEngine:
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.3,
                  kv_cache_gib: float = 0.0, cpu_threads: int = 0, enforce_eager: bool | str = "auto",
                  sleep_mode: bool = True) -> None:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"    # engine in this process: weights load here
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")   # do not pin the trainer's threads
         vllm = require_vllm()
         from vllm.platforms import current_platform
 
@@ -185,7 +204,9 @@ class VLLMEngine:
                  ", ".join(f"{k}={v}" for k, v in sorted(opts.items())))
         self._params = vllm.SamplingParams
         try:
-            self.llm = vllm.LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, **opts)
+            with engine_environment():
+                self.llm = vllm.LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                                    **opts)
         except Exception as e:   # vLLM raises pydantic / runtime errors with pages of detail
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise VLLMError(f"vLLM could not start on {model_path}: {first[:300]}") from e

@@ -8,7 +8,8 @@
     ppo          the PPO baseline's step (value model, critic update); its math is in grpokit.core.ppo
     iterative    Algorithm 1's outer loop: reward-model continual training with replay, reference reset
     evaluate     greedy pass@1, sampled pass@k, format rate on a held-out split
-    checkpoint   atomic save, verified and bit-identical resume; fsdp_checkpoint: the sharded form
+    checkpoint   atomic save (manifest with checksums); resume: verified, bit-identical resume;
+                 fsdp_checkpoint: the same checkpoint with sharded weights; export: the final model
     distributed  DDP / FSDP2 over torch.distributed
     data         the seeded, resumable prompt order; callbacks: transformers-style callbacks
     preflight    checks before a run starts; run_dir, resume_logs: the output folder

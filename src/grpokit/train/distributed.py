@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -48,8 +47,8 @@ import torch.distributed as tdist
 from grpokit.errors import ConfigError
 from grpokit.model.devices import backend_for, launcher_ranks, resolve_device
 from grpokit.model.logprobs import per_token_logprobs
-from grpokit.train import checkpoint
-from grpokit.train.fsdp_checkpoint import resume_sharded, save_sharded
+from grpokit.train import checkpoint, resume
+from grpokit.train.fsdp_checkpoint import load_sharded, save_sharded
 
 log = logging.getLogger("grpokit")
 
@@ -335,42 +334,56 @@ class Distributed:
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    # ---- checkpoints ----------------------------------------------------------------------------
+    def on_main(self, fn: Callable[[], Any]) -> Any:
+        """fn() on rank 0 alone, its result given to every rank; an exception it raises is raised on every
+        rank (no rank is left waiting in a collective). One process: fn()."""
+        if not self.enabled:
+            return fn()
+        result: Any = None
+        error: BaseException | None = None
+        if self.is_main:
+            try:
+                result = fn()
+            except Exception as e:      # raised below on every rank, rank 0 included
+                error = e
+        box = [(result, error)]
+        tdist.broadcast_object_list(box, src=0)
+        result, error = box[0]
+        if error is not None:
+            raise error
+        return result
+
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Rank 0's parameters and buffers into the same module on every rank (in place)."""
+        if not self.enabled:
+            return
+        with torch.no_grad():
+            for tensor in module.state_dict().values():
+                tdist.broadcast(tensor, src=0)
+
+    # ---- checkpoints (grpokit.train.checkpoint, resume; fsdp_checkpoint for the shards) ----------
     def save_checkpoint(self, state: Any, out_dir: str | Path, metrics_row: dict | None = None) -> None:
         """checkpoint-<step> with every rank's RNG state (state.rank_rng): rank 0 writes it, DDP replicas
-        being equal; under FSDP every rank writes its shards (`save_sharded`)."""
-        if not self.enabled:
-            checkpoint.save_checkpoint(state, out_dir, metrics_row=metrics_row)
-            return
-        state.rank_rng = self.gather_object(checkpoint.rng_state())
-        if self.fsdp:
-            save_sharded(self, state, Path(out_dir))
-        elif self.is_main:
-            checkpoint.save_checkpoint(state, out_dir, metrics_row=metrics_row)
-        self.barrier()
+        being equal; under FSDP every rank writes its shards, rank 0 the rest (`save_sharded`)."""
+        if self.enabled:
+            state.rank_rng = self.gather_object(checkpoint.rng_state())
+        if self.fsdp and self.enabled:
+            save_sharded(self, state, Path(out_dir), metrics_row)
+        else:
+            self.on_main(lambda: checkpoint.save_checkpoint(state, out_dir, metrics_row=metrics_row))
 
     def resume(self, state: Any, out_dir: str | Path) -> bool:
-        """Load the newest checkpoint on every rank when run.resume is set (see checkpoint.py)."""
-        if self.fsdp and self.enabled:
-            return resume_sharded(self, state, Path(out_dir))
-        resumed = False
-        for turn in ((0, 1) if self.enabled else (0,)):   # rank 0 first: it alone repairs the logs
-            if (turn == 0) == self.is_main:
-                resumed = checkpoint.resume_if_requested(state, Path(out_dir))
-            self.barrier()
-        return resumed
-
-    def save_pretrained(self, state: Any, out_dir: str | Path) -> Path:
-        """The final save_pretrained folder, written by rank 0 from the full weights."""
-        out = Path(out_dir)
-        weights = self.full_state_dict(state.model)          # collective under FSDP: every rank calls it
-        if self.is_main:
-            with checkpoint.written_aside(out) as tmp:       # then renamed to out
-                state.model.save_pretrained(tmp, state_dict=weights)
-                state.tokenizer.save_pretrained(tmp)
-                (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
-        self.barrier()
-        return out
+        """Load the newest complete checkpoint on every rank when run.resume is set: rank 0 chooses it
+        (damaged ones moved aside, the config compared), every rank loads it, rank 0 repairs the logs."""
+        if not state.cfg.run.resume:
+            return False
+        folder = self.on_main(lambda: resume.choose_checkpoint(state, out_dir))
+        if folder is None:
+            return False
+        sharded = self.fsdp and self.enabled
+        blob = load_sharded(self, state, folder) if sharded else resume.load_checkpoint(state, folder)
+        self.on_main(lambda: resume.finish_resume(state, out_dir, folder, blob))
+        return True
 
 
 class Silent:

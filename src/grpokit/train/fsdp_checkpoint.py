@@ -1,7 +1,17 @@
-"""FSDP sharded checkpoints: every rank writes its shards, resume reads them back, and
-`consolidate_checkpoint` turns a sharded checkpoint into a plain save_pretrained folder.
+"""FSDP sharded checkpoints: the single-process checkpoint with the weights and the optimizer as shards.
 
-Used by `grpokit.train.distributed.Distributed.save_checkpoint` / `.resume` when run.fsdp is on.
+    checkpoint-<step>/
+        sharded/               model, reference, optimizer: torch.distributed.checkpoint, every rank its
+                               own files (.metadata + __<rank>_0.distcp)
+        trainer_state.pt, config.json, reward_model.safetensors, reward_loop.pt, manifest.json
+                               as in one process (`grpokit.train.checkpoint`), written by rank 0
+
+The same guarantees as one process, by the same code: `checkpoint.start_save` (free space, the hidden
+folder), the shards, then `checkpoint.finish_save` on rank 0 (every other file, the manifest with the
+size and sha256 of every file, shards included, the rename, `latest`, pruning); resume verifies the
+manifest and falls back from a damaged newest checkpoint (`grpokit.train.resume`), loads the shards on
+every rank and the trainer state with `weights_only=True`. `consolidate_checkpoint` turns a sharded
+checkpoint into a plain save_pretrained folder.
 """
 
 from __future__ import annotations
@@ -9,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +27,7 @@ import torch
 
 from grpokit.config.schema import build_config
 from grpokit.model.loading import load_model_and_tokenizer
-from grpokit.train.checkpoint import point_latest, retire, rng_state, set_rng_state, swap_in
+from grpokit.train import checkpoint, resume
 
 if TYPE_CHECKING:  # grpokit.train.distributed calls this module: a type here only
     from grpokit.train.distributed import Distributed
@@ -26,73 +35,45 @@ if TYPE_CHECKING:  # grpokit.train.distributed calls this module: a type here on
 log = logging.getLogger("grpokit")
 
 
-def _checkpoint_dirs(out_dir: Path) -> list[Path]:
-    found = [p for p in out_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
-
-
-def save_sharded(dist: Distributed, state: Any, out_dir: Path) -> Path:
-    """checkpoint-<step> under FSDP: model, reference and optimizer as shards (torch.distributed.checkpoint,
-    each rank writes its own), trainer_state.pt and config.json from rank 0, published by one rename."""
-    import torch.distributed.checkpoint as dcp
+def _shards(state: Any) -> dict[str, Any]:
+    """The sharded state dicts: the policy with its optimizer, and a reference that holds weights (a LoRA
+    reference is a view of the policy: nothing of its own)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-    final, tmp = out_dir / f"checkpoint-{state.step}", out_dir / f".tmp-checkpoint-{state.step}"
-    if dist.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
     model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
     shards = {"model": model_sd, "optim": optim_sd}
-    if state.ref_model is not None:
+    if state.ref_model is not None and any(True for _ in state.ref_model.parameters()):
         shards["ref"] = get_model_state_dict(state.ref_model)
-    dcp.save(shards, checkpoint_id=str(tmp / "sharded"))
-    if dist.is_main:
-        torch.save({"scheduler": state.scheduler.state_dict(), "rng": rng_state(), "rank_rng": state.rank_rng,
-                    "step": state.step, "cursor": state.stream.cursor, "bad_steps": state.bad_steps,
-                    "world_size": dist.world_size}, tmp / "trainer_state.pt")
-        (tmp / "config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
-        swap_in(tmp, final)
-        point_latest(out_dir, final.name)
-        limit = state.cfg.run.save_total_limit
-        for old in (_checkpoint_dirs(out_dir)[:-limit] if limit else []):
-            retire(old)
-    dist.barrier()
-    return final
+    return shards
 
 
-def resume_sharded(dist: Distributed, state: Any, out_dir: Path) -> bool:
-    """Load the newest sharded checkpoint into the FSDP model and optimizer; every rank its own RNG."""
+def save_sharded(dist: Distributed, state: Any, out_dir: Path, metrics_row: dict | None = None) -> Path:
+    """checkpoint-<step> under FSDP; every rank calls it. An error on rank 0 is raised on every rank."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_state_dict,
-        set_model_state_dict,
-        set_state_dict,
-    )
 
-    found = _checkpoint_dirs(out_dir) if state.cfg.run.resume else []
-    if not found:
-        if state.cfg.run.resume:
-            log.warning("run.resume is set but %s has no checkpoint: starting from step 0", out_dir)
-        return False
-    folder = found[-1]
-    model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
-    shards = {"model": model_sd, "optim": optim_sd}
-    if state.ref_model is not None:
-        shards["ref"] = get_model_state_dict(state.ref_model)
+    tmp = dist.on_main(lambda: checkpoint.start_save(state, out_dir))
+    dcp.save(_shards(state), checkpoint_id=str(tmp / "sharded"))
+    return dist.on_main(lambda: checkpoint.finish_save(state, out_dir, tmp, metrics_row, sharded=True))
+
+
+def load_sharded(dist: Distributed, state: Any, folder: Path) -> dict[str, Any]:
+    """Every rank: the shards of `folder` into the FSDP model, reference and optimizer, then the trainer
+    state (this rank's RNG); the trainer-state record."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    if not (folder / "sharded").is_dir():
+        raise checkpoint.CheckpointError(f"{folder} holds no sharded/ folder but run.fsdp is on: resume "
+                                         "with the checkpoint's run.fsdp")
+    shards = _shards(state)
     dcp.load(shards, checkpoint_id=str(folder / "sharded"))
     set_state_dict(state.model, state.optimizer, model_state_dict=shards["model"],
                    optim_state_dict=shards["optim"])
-    if state.ref_model is not None:
+    if "ref" in shards:
         set_model_state_dict(state.ref_model, shards["ref"])
-    blob = torch.load(folder / "trainer_state.pt", weights_only=False)
-    state.scheduler.load_state_dict(blob["scheduler"])
-    state.step, state.stream.cursor, state.bad_steps = blob["step"], blob["cursor"], blob["bad_steps"]
-    ranks = blob.get("rank_rng") or []
-    set_rng_state(ranks[dist.rank] if len(ranks) == dist.world_size else blob["rng"])
-    log.info("resumed from %s (step %d, sharded)", folder, state.step)
-    return True
+    blob = resume.load_trainer_state(state, folder, optimizer=False)
+    log.info("loaded the shards of %s on rank %d of %d", folder.name, dist.rank, dist.world_size)
+    return blob
 
 
 def consolidate_checkpoint(folder: str | Path, out_dir: str | Path) -> Path:
@@ -104,12 +85,15 @@ def consolidate_checkpoint(folder: str | Path, out_dir: str | Path) -> Path:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     folder, out = Path(folder), Path(out_dir)
+    problem = resume.verify_checkpoint(folder)
+    if problem is not None:
+        raise checkpoint.CheckpointError(f"{folder} is damaged ({problem}): consolidate another checkpoint")
     if not (folder / "sharded").is_dir():
         raise FileNotFoundError(f"{folder} holds no sharded/ folder: give a checkpoint-<step> of an FSDP run")
     cfg = build_config(json.loads((folder / "config.json").read_text()))
     with tempfile.TemporaryDirectory() as td:
         dcp_to_torch_save(str(folder / "sharded"), str(Path(td) / "full.pt"))
-        weights = torch.load(Path(td) / "full.pt", weights_only=False)["model"]
+        weights = torch.load(Path(td) / "full.pt", weights_only=True)["model"]
     model, tokenizer = load_model_and_tokenizer(dataclasses.replace(cfg.model, device="cpu"),
                                                 seed=cfg.run.seed)
     model.load_state_dict(weights)

@@ -97,7 +97,29 @@ class RewardLoop:
 
     def end_iteration(self, state, out_dir: Path | None = None) -> dict[str, float]:
         """Measure the RM on the iteration's samples, train it on them plus replay, reset the reference;
-        the row is appended to out_dir/iterations.jsonl (None: not written, as on ranks > 0)."""
+        the row is appended to out_dir/iterations.jsonl (None: not written, as on ranks > 0).
+
+        Several ranks: one reward model. Every rank's samples are gathered (rank order) so all ranks hold
+        the same sample lists; rank 0 measures and trains the RM, then its weights go to every rank."""
+        dist = state.dist
+        self.current = [s for part in dist.gather_object(self.current) for s in part]
+        row = dist.on_main(lambda: self._update_rm(state))
+        dist.broadcast_module(self.rm.model)
+        self.history += self.current
+        self.current = []
+        self.iteration += 1
+        if state.ref_model is not None:  # the next iteration's reference is the policy as it is now
+            sync_reference(state.ref_model, state.model, 1.0)
+        if out_dir is not None:
+            with open(Path(out_dir) / ITERATIONS_FILE, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+        log.info("iteration %d (step %d): rm auc %.3f on the policy's samples, verified accuracy %.3f",
+                 self.iteration, state.step, row["rm_auc"], row["verified_accuracy"])
+        return row
+
+    def _update_rm(self, state) -> dict[str, float]:
+        """The RM measured on this iteration's samples, then (rm.continual_training) trained on them plus
+        the replay draw; the iteration's row."""
         c = self.cfg.rm
         model, tok = self.rm.model, self.rm.tokenizer
         sep = getattr(self.rm, "step_separator", c.step_separator)
@@ -116,16 +138,6 @@ class RewardLoop:
                                        step_separator=sep, max_length=c.max_length)
             row.update({"rm_train_loss": float(stats.get("loss", math.nan)), "replay_samples": float(k),
                         "mix_samples": float(len(mix))})
-        self.history += self.current
-        self.current = []
-        self.iteration += 1
-        if state.ref_model is not None:  # the next iteration's reference is the policy as it is now
-            sync_reference(state.ref_model, state.model, 1.0)
-        if out_dir is not None:
-            with open(Path(out_dir) / ITERATIONS_FILE, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-        log.info("iteration %d (step %d): rm auc %.3f on the policy's samples, verified accuracy %.3f",
-                 self.iteration, state.step, row["rm_auc"], row["verified_accuracy"])
         return row
 
     # -- checkpoint --------------------------------------------------------------------------------

@@ -18,11 +18,10 @@ import torch
 from grpokit.config.schema import GRPOConfig
 from grpokit.model.devices import place_model, resolve_device
 from grpokit.model.loading import load_model_and_tokenizer
-from grpokit.model.lora import is_peft_model, reference_for, save_lora
+from grpokit.model.lora import reference_for
 from grpokit.model.precision import apply_precision, reference_storage
 from grpokit.observe.loggers import build_loggers, resolve_report_to
 from grpokit.observe.metrics import MetricsWriter, PhaseTimer, finish_step_row, format_console
-from grpokit.observe.model_card import write_model_card
 from grpokit.observe.tracking import Tracker
 from grpokit.rewards.scoring import build_reward_funcs
 from grpokit.tasks import TaskError, load_examples
@@ -31,6 +30,7 @@ from grpokit.train.callbacks import TrainHooks
 from grpokit.train.data import PromptStream
 from grpokit.train.distributed import Distributed, Silent
 from grpokit.train.evaluate import evaluate
+from grpokit.train.export import save_final
 from grpokit.train.iterative import RewardLoop
 from grpokit.train.ppo import build_critic
 from grpokit.train.preflight import check_environment, check_prompts
@@ -82,22 +82,6 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs,
                       dist.shard_stream(PromptStream(train, cfg.run.seed)), evals, critic=critic, dist=dist,
                       reward_loop=loop)
-
-
-def save_final(state: TrainState, out_dir: str | Path) -> Path:
-    """save_pretrained folder (model + tokenizer + grpokit_config.json) that plain transformers loads."""
-    if state.dist.enabled:  # several ranks: rank 0 writes the full weights (gathered from shards under FSDP)
-        return state.dist.save_pretrained(state, out_dir)
-    out = Path(out_dir)
-    with checkpoint.written_aside(out) as tmp:   # then renamed to out: a kill leaves no half export
-        if is_peft_model(state.model):  # LoRA: the adapter here, a merged plain model in out/merged
-            state.tokenizer.save_pretrained(save_lora(state.model, tmp))
-        else:
-            state.model.save_pretrained(tmp)
-        state.tokenizer.save_pretrained(tmp)
-        (tmp / "grpokit_config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
-        write_model_card(tmp, state.cfg, state.cfg.run.output_dir, {n: w for n, _, w in state.reward_funcs})
-    return out
 
 
 def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,

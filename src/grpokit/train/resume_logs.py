@@ -3,7 +3,7 @@
 metrics.jsonl is cut back to its length when the checkpoint was written (keeping, or restoring from
 the checkpoint's copy, the row of the checkpoint's own step); eval.jsonl loses its rows after that
 step (iterations.jsonl too). Each step thus stays logged exactly once however a run was killed. Called by
-`grpokit.train.checkpoint.resume_if_requested`; see docs/reliability.md.
+`grpokit.train.resume.resume_if_requested`; see docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ log = logging.getLogger("grpokit")
 METRICS_FILE = "metrics.jsonl"
 
 
-def _cut_logs(out_dir: Path, step: int, offset: int, pending_row: str | None) -> None:
+def cut_logs(out_dir: Path, step: int, offset: int, pending_row: str | None) -> None:
     """metrics.jsonl back to its state at checkpoint `step`; eval.jsonl rows after `step` dropped.
 
     metrics.jsonl is cut at `offset` (its length when the checkpoint was written); when the loop

@@ -26,7 +26,6 @@ from grpokit.config.schema import GRPOConfig as NestedConfig
 from grpokit.model.devices import place_model, resolve_device
 from grpokit.model.loading import check_tokenizer_fits, load_model_and_tokenizer, prepare_tokenizer
 from grpokit.observe.model_card import write_model_card
-from grpokit.train import checkpoint
 from grpokit.train.callbacks import TrainHooks
 from grpokit.train.evaluate import evaluate as evaluate_model
 from grpokit.train.loop import save_final, train_grpo
@@ -150,7 +149,7 @@ class GRPOTrainer:
         if not resume:
             return self.config
         if isinstance(resume, (str, Path)):
-            newest, _ = checkpoint.newest_complete_checkpoint(self.config.run.output_dir)
+            newest, _ = resume.newest_complete_checkpoint(self.config.run.output_dir)
             if newest is None or Path(resume).resolve() != newest.resolve():
                 raise ConfigError(f"resume_from_checkpoint='{resume}': grpokit resumes the newest complete "
                                   f"checkpoint in output_dir ({newest}); pass True, or that path")

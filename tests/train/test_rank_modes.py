@@ -1,0 +1,130 @@
+"""Modes on 2 CPU ranks (gloo, torch.multiprocessing, WORLD_SIZE=2 as torchrun sets it): FSDP with LoRA and a
+KL reference, a damaged newest sharded checkpoint, and Algorithm 1 with one reward model for all ranks."""
+
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from easy_task import EASY, PROMPTS
+from grpokit.config.schema import build_config
+from grpokit.train.loop import train_grpo
+
+pytest.importorskip("peft")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, out: str, task: str, extra: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), HF_HUB_OFFLINE="1")
+    torch.set_num_threads(1)
+    result = TASKS[task](out, extra)
+    torch.save(result, Path(out) / f"result-{task}-{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def _spawn(task: str, out: Path, extra: str = "") -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_worker, args=(_free_port(), str(out), task, extra), nprocs=2, join=True)
+    return [torch.load(out / f"result-{task}-{r}.pt", weights_only=True) for r in range(2)]
+
+
+def _lora_cfg(out: str, **over):
+    values = {"model.name_or_path": "builtin:tiny-random", "reward.funcs": {EASY: 1.0},
+              "rollout.prompts_per_step": 4, "rollout.num_generations": 4, "rollout.max_completion_length": 8,
+              "optim.learning_rate": 1e-2, "run.output_dir": out, "run.progress": False, "run.max_steps": 3,
+              "run.save_steps": 1, "run.save_total_limit": 3, "run.fsdp": True, "model.lora_r": 4,
+              "model.lora_alpha": 8, "loss.beta": 0.04, "model.lora_target_modules": ["q_proj", "v_proj"]}
+    values.update(over)
+    return build_config(values)
+
+
+def _weights(state) -> dict:
+    return {k: v.detach().clone() for k, v in state.dist.full_state_dict(state.model).items()}
+
+
+def _fsdp_lora(out: str, extra: str) -> dict:
+    """3 steps straight; 2 steps, the newest checkpoint damaged, then resumed to 3 (falls back to step 1)."""
+    straight = _weights(train_grpo(_lora_cfg(out + "/straight"), train_examples=PROMPTS))
+    train_grpo(_lora_cfg(out + "/a", **{"run.max_steps": 2}), train_examples=PROMPTS)
+    if int(os.environ["RANK"]) == 0:          # one shard of the newest checkpoint loses its tail
+        shard = sorted((Path(out) / "a" / "checkpoint-2" / "sharded").glob("*.distcp"))[0]
+        shard.write_bytes(shard.read_bytes()[:-64])
+    torch.distributed.barrier()
+    resumed = _weights(train_grpo(_lora_cfg(out + "/a", **{"run.resume": True}), train_examples=PROMPTS))
+    return {"straight": straight, "resumed": resumed}
+
+
+def _rm_hash(rm) -> str:
+    h = hashlib.sha256()
+    for k, v in sorted(rm.model.state_dict().items()):
+        h.update(k.encode() + v.detach().float().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _iterative(out: str, rm_path: str) -> dict:
+    """Algorithm 1 on 2 ranks: the RM's hash after every iteration, and the saved RM's."""
+    hashes = []
+
+    def watch(state, metrics):
+        if state.reward_loop.at_boundary(state.step):
+            hashes.append(_rm_hash(state.reward_loop.rm))
+
+    cfg = build_config({"model.name_or_path": "builtin:tiny-random", "task.name": "arithmetic",
+                        "task.num_train": 64, "reward.funcs": {f"rm:{rm_path}": 1.0},
+                        "rollout.prompts_per_step": 2, "rollout.num_generations": 4,
+                        "rollout.max_completion_length": 8, "optim.learning_rate": 3e-3, "run.eval_limit": 0,
+                        "run.progress": False, "run.output_dir": out + "/run", "run.max_steps": 4,
+                        "run.iterations": 2, "run.steps_per_iteration": 2, "run.save_steps": 2,
+                        "rm.learning_rate": 1e-2, "rm.train_batch_size": 4, "rm.replay_share": 0.25})
+    state = train_grpo(cfg, hooks={"after_step": watch})
+    saved = load_file(Path(out) / "run" / "checkpoint-4" / "reward_model.safetensors")
+    live = state.reward_loop.rm.model.state_dict()
+    return {"hashes": hashes, "final": _rm_hash(state.reward_loop.rm),
+            "saved_equal": all(torch.equal(saved[k], live[k]) for k in saved),
+            "samples": len(state.reward_loop.history)}
+
+
+TASKS = {"fsdp_lora": _fsdp_lora, "iterative": _iterative}
+
+
+def test_fsdp_with_lora_and_a_reference_trains_and_resumes_bit_identically(tmp_path):
+    ranks = _spawn("fsdp_lora", tmp_path)
+    straight, resumed = ranks[0]["straight"], ranks[0]["resumed"]
+    assert any(".lora_B." in k for k in straight)                      # the adapters are in the weights
+    assert [k for k in straight if not torch.equal(straight[k], resumed[k])] == []
+    a = tmp_path / "a"
+    assert (a / "checkpoint-2.corrupt").is_dir() and (a / "latest").read_text() == "checkpoint-3"
+    manifest = json.loads((a / "checkpoint-3" / "manifest.json").read_text())["files"]
+    assert "sharded/.metadata" in manifest and any(f.endswith(".distcp") for f in manifest)
+    assert (a / "final" / "adapter_model.safetensors").is_file()
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(a / "final" / "merged")   # plain transformers loads it
+    assert merged.config.model_type == "qwen2"
+
+
+def test_algorithm_1_keeps_one_reward_model_on_every_rank(tmp_path):
+    from grpokit.rewards.rm_train import init_reward_model, save_reward_model
+
+    rm = tmp_path / "rm"
+    model, tok = init_reward_model("builtin:tiny-random", "outcome", seed=0)
+    save_reward_model(model, tok, rm, kind="outcome", step_separator="\n", init="builtin:tiny-random",
+                      report={})
+    ranks = _spawn("iterative", tmp_path / "dist", str(rm))
+    assert len(ranks[0]["hashes"]) == 2 and ranks[0]["hashes"] == ranks[1]["hashes"]
+    assert ranks[0]["hashes"][0] != ranks[0]["hashes"][1]                 # the RM did train
+    assert ranks[0]["final"] == ranks[1]["final"] and ranks[0]["saved_equal"] and ranks[1]["saved_equal"]
+    # both ranks' samples (2 steps x 2 prompts x 4 completions per iteration) in the one replay pool
+    assert ranks[0]["samples"] == ranks[1]["samples"] == 2 * 2 * 2 * 4
