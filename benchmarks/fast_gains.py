@@ -53,7 +53,7 @@ def switched_off(variant: str, state) -> None:
     from grpokit import fast
 
     swaps = {"plain": [(fast, "accelerated", lambda *a, **k: fast.plain())],
-             "gqa": [(fast, "_grouped_kv_with_masks", _nothing)],
+             "gqa": [(fast.small_attention, "_grouped_with_mask", lambda *a: False)],
              "small_attention": [(fast.small_attention, "installed", _nothing)],
              "master_grads": [(fast.master_grads, "installed", _nothing)],
              "decode_kernels": [(fast, "kernels_for", lambda model: None)],

@@ -225,7 +225,7 @@ def _forbid_kernels(monkeypatch) -> None:
 
     for module, name in ((native, "kernels"), (native, "keep_freed_memory"), (whole_step.WholeStep, "plan"),
                          (fused_ops, "fused_ops"),
-                         (fast, "reused_logprobs"), (fast, "_grouped_kv_with_masks"),
+                         (fast, "reused_logprobs"), (fast.small_attention, "installed"),
                          (reuse.ActivationRecord, "__init__")):
         monkeypatch.setattr(module, name, entered)
 
@@ -265,16 +265,16 @@ def test_train_step_switch_off_is_plain_and_on_equals_it(monkeypatch, reuse_on):
 
 
 def test_the_switch_restores_everything_and_nests():
-    """Inside `fast.accelerated`: the fused forwards, the GQA variable and the decode kernels; after it (even
-    when the block raises) nothing is left; an inner context changes nothing, `fast.plain()` turns everything
-    off inside."""
+    """Inside `fast.accelerated`: the fused forwards, grpokit's attention entry, the decode kernels; after
+    it (even when the block raises) nothing is left; an inner context changes nothing, `fast.plain()` turns
+    everything off inside."""
     from grpokit import fast
     from grpokit.fast import native
 
     model, _ = build_model("tiny")
     K = native.kernels()
     with pytest.raises(RuntimeError), fast.accelerated(model) as scope:
-        assert scope.on and os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA") == "1"
+        assert scope.on and model.config._attn_implementation == fast.small_attention.NAME
         assert fast.kernels_for(model) is K
         assert K is None or "forward" in vars(model.model.norm)          # the fused RMSNorm swapped in
         with fast.accelerated(build_model("tiny")[0]) as inner:
@@ -282,7 +282,7 @@ def test_the_switch_restores_everything_and_nests():
         with fast.plain():
             assert fast.kernels_for(model) is None and not fast.active().on
         raise RuntimeError("a failing step")
-    assert "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ and not fast.active().on
+    assert model.config._attn_implementation == "sdpa" and not fast.active().on
     assert not any("forward" in vars(m) for m in model.modules())        # no module left patched
     assert fast.kernels_for(model) is None                                # outside: the plain path
     with fast.accelerated(model, enabled=False) as off:

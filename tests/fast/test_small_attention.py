@@ -52,16 +52,18 @@ def test_it_applies_only_under_autograd_on_small_scores(monkeypatch):
     assert not small_attention._applies(q, k, v, mask, 0.0, {})                          # one score too many
 
 
-def test_installed_swaps_sdpa_for_the_duration_and_restores_it():
+def test_installed_touches_this_model_only_and_no_global_entry():
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    model, other = build_model("tiny")[0], build_model("tiny")[0]
     before = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    with small_attention.installed():
-        inside = ALL_ATTENTION_FUNCTIONS["sdpa"]
-        with small_attention.installed():                                # nested: no second wrap
-            assert ALL_ATTENTION_FUNCTIONS["sdpa"] is inside
-    assert inside is not before and inside.grpokit_small_attention
-    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+    with small_attention.installed(model):
+        assert model.config._attn_implementation == small_attention.NAME
+        assert other.config._attn_implementation == "sdpa"                # another model: untouched
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before                  # the global entry: untouched
+        with small_attention.installed(model):                            # nested: nothing more
+            assert model.config._attn_implementation == small_attention.NAME
+    assert model.config._attn_implementation == "sdpa" and ALL_ATTENTION_FUNCTIONS["sdpa"] is before
 
 
 def test_a_training_pass_through_it_equals_the_plain_one():

@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: each side in its own subprocess, sequentially; prints JSON lines, a table, the ratios."""
     args = parse_args(argv)
     if args.side:
+        if args.side in ("grpo", "ppo"):
+            fast.for_this_process()   # as the `grpokit` command's own process (its one process-wide setting)
         print(json.dumps(run_side(args)))
         return 0
     results: dict[str, dict[str, Any]] = {}

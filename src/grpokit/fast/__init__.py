@@ -14,7 +14,7 @@ activation record. Inside it, where they apply (the C kernels: float32 on the CP
     g and u only (`SiluMulDown`)                                bf16 peak RSS 3882 -> 3818 MiB with the
                                                                 head's sliced gradient add (master_grads)
     glibc keeps freed memory                  native            1.32x tiny, 0.98x demo, 1.02x small
-    grouped K/V with a mask in SDPA           (this module)     0.97-1.02x; kept for memory: no
+    grouped K/V with a mask in SDPA           small_attention   0.97-1.02x; kept for memory: no
                                                                 repeat_kv copies saved for backward
     short training passes' attention as two   small_attention   1.08x SmolLM2 bf16 (7.41 vs 8.00 s a
     matmuls instead of SDPA's flash kernel                      step; its flash backward ~5x its forward)
@@ -31,7 +31,9 @@ do not run. The training passes' C attention (forward and backward) was removed 
 1.01-1.04x; torch.compile of the fused ops' two ops paid 0.93-1.06x with 2-5 s of warm-up and was not
 adopted (docs/performance.md, "What each speed-up pays").
 
-Each is restored on exit (keep_freed_memory is process-wide and set once). The results equal the plain
+Each is restored on exit. One setting is process-wide and so not the library's to make: glibc keeping freed
+memory (`native.keep_freed_memory`) is set by the `grpokit` command for its own process (`for_this_process`),
+never by `train_grpo` or this switch. The results equal the plain
 path to float32 rounding (tests/fast/test_fast_step.py runs a whole train_step both ways).
 
 The activation record (grpokit.fast.reuse) lives in the scope, not in the `Rollout`: the sampler starts one
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -103,14 +104,12 @@ def accelerated(model: torch.nn.Module, cfg=None, *, world_size: int = 1, enable
     timed = (lambda: timer("accelerate")) if timer is not None else contextlib.nullcontext
     stack = contextlib.ExitStack()
     with timed():
-        native.keep_freed_memory()
         policy = record if record is not None else (
             reuse.recording_policy(cfg, world_size, model) if cfg is not None else False)
         scope = Scope(on=True, model_id=id(model), recording=policy)
         if not checkpointing_enabled(model):  # a checkpointed recompute would run the class's forward later
             stack.enter_context(fused_ops.fused_ops(model))
-        stack.enter_context(_grouped_kv_with_masks(_device(model)))
-        stack.enter_context(small_attention.installed())
+        stack.enter_context(small_attention.installed(model))   # with grouped K/V under a mask on the CPU
         if world_size == 1 and compute_dtype(model) is not None:   # pays in mixed precision (not fp32);
             stack.enter_context(master_grads.installed(model))       # DDP / FSDP reduce grads before it adds
         token = _SCOPE.set(scope)
@@ -120,6 +119,12 @@ def accelerated(model: torch.nn.Module, cfg=None, *, world_size: int = 1, enable
     finally:
         with timed():
             stack.close()
+
+
+def for_this_process() -> None:
+    """The process-wide speed-up, for a process grpokit owns (the `grpokit` command calls it at start):
+    glibc keeps freed memory for the next pass (`native.keep_freed_memory`; GRPOKIT_KEEP_MEMORY=0: off)."""
+    native.keep_freed_memory()
 
 
 @contextlib.contextmanager
@@ -197,28 +202,3 @@ def _plan(state, rollout) -> tuple:
         if plan[1] is None:
             scope.record = None                          # it would not pay for these lengths: free it now
     return plan
-
-
-def _device(model) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
-@contextlib.contextmanager
-def _grouped_kv_with_masks(device: torch.device) -> Iterator[None]:
-    """On CPU, let transformers' SDPA path pass grouped keys/values (enable_gqa) together with a mask.
-
-    A pass with a mask (the completion pass of `logprobs.shared_prompt_hidden` always has one) makes
-    transformers copy each key/value head to every query head it serves (`repeat_kv`), because CUDA
-    kernels need that with a mask; the copies are saved for backward (2 x [B, heads, P+T, hd] per layer).
-    torch's CPU kernel takes a mask with grouped heads directly, so on CPU TRANSFORMERS_SDPA_FORCE_GQA is
-    set for the duration (and restored after).
-    """
-    if device.type != "cpu" or os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA") is not None:
-        yield
-        return
-    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
-    try:
-        yield
-    finally:
-        del os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]

@@ -11,17 +11,22 @@ with the g query heads of each key/value head stacked as rows (no repeat_kv copi
 softmax (float32) and P in the compute dtype: 6 bytes a score, so it runs only when
 B x heads x Tq x Tk <= MAX_SCORES (6 MiB a layer); longer passes (GSM8K's 500-token prompts) keep SDPA.
 No-grad passes (sampling, the reference) keep SDPA too: its forward is as fast and saves nothing.
-`installed()` swaps it in for transformers' "sdpa" attention for the duration (`grpokit.fast.accelerated`).
+`installed(model)` runs it for that model's attention for the duration (`grpokit.fast.accelerated`),
+through an attention entry of grpokit's own (NAME), which also gives torch's CPU SDPA grouped keys/values
+with a mask (no repeat_kv copies saved for backward). No environment variable, no global entry replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 
 MAX_SCORES = 2**20        # B x query heads x Tq x Tk of one layer's scores
+NAME = "grpokit_sdpa"     # grpokit's entry in transformers' attention and mask registries
 _UNSUPPORTED = ("softcap", "position_bias", "s_aux", "sinks", "sliding_window")
 
 
@@ -55,12 +60,22 @@ def _applies(query, key, value, mask, dropout: float, kwargs: dict) -> bool:
         mask.shape[0] in (1, B) and tuple(mask.shape[2:]) == (Tq, Tk)
 
 
-def _wrap(sdpa):
-    def small_or_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
+def _grouped_with_mask(module, query, key, mask, kwargs: dict) -> bool:
+    """A CPU pass whose grouped keys/values come with a mask: transformers would copy each key/value head
+    to every query head it serves (`repeat_kv`, a CUDA kernel's need) and autograd would save the copies;
+    torch's CPU SDPA takes the grouped heads with the mask as they are (`enable_gqa`)."""
+    return (getattr(module, "num_key_value_groups", 1) > 1 and mask is not None and query.device.type == "cpu"
+            and kwargs.get("position_bias") is None
+            and kwargs.get("softcap") is None and not kwargs.get("output_attentions"))
+
+
+def grpokit_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
                       scaling: float | None = None, is_causal: bool | None = None, **kwargs):
-        if not _applies(query, key, value, attention_mask, dropout, kwargs):
-            return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                        is_causal=is_causal, **kwargs)
+    """transformers' attention signature: `attention` where it applies, else SDPA with grouped heads and
+    a mask on the CPU, else transformers' own "sdpa" function unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if _applies(query, key, value, attention_mask, dropout, kwargs):
         Tq, Tk = query.shape[2], key.shape[2]
         mask = attention_mask
         if mask is None and Tq == Tk and Tq > 1 and (is_causal if is_causal is not None
@@ -69,29 +84,42 @@ def _wrap(sdpa):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         out = attention(query, key, value, mask, scale)                  # [B, Hq, Tq, D]
         return out.transpose(1, 2).contiguous(), None                    # as transformers' sdpa returns
-    small_or_sdpa.grpokit_small_attention = True
-    return small_or_sdpa
+    if _grouped_with_mask(module, query, key, attention_mask, kwargs):
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                             scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
+
+
+@functools.cache
+def _registered() -> bool:
+    """grpokit's attention entry in transformers' registries (its documented extension point), added once,
+    at the first `installed`, under its own name, NAME; the "sdpa" entry every other model uses is never
+    touched. False when this transformers has no registries."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:
+        return False
+    AttentionInterface.register(NAME, grpokit_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)     # the masks "sdpa" gets, bit for bit
+    return True
 
 
 @contextlib.contextmanager
-def installed() -> Iterator[None]:
-    """transformers' "sdpa" attention runs `attention` where it applies, for the duration."""
-    try:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    except ImportError:
+def installed(model: torch.nn.Module) -> Iterator[None]:
+    """For the duration, this model's "sdpa" attention runs `grpokit_attention` (its configs' attention
+    implementation is set to NAME and set back on exit); other models in the process are untouched."""
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
+    mine = [c for c in configs.values() if getattr(c, "_attn_implementation", None) == "sdpa"]
+    if not mine or not _registered():
         yield
         return
-    current = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    if getattr(current, "grpokit_small_attention", False):
-        yield
-        return
-    local = ALL_ATTENTION_FUNCTIONS._local_mapping
-    before = local.get("sdpa")
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = _wrap(current)
+    for c in mine:
+        c._attn_implementation = NAME
     try:
         yield
     finally:
-        if before is None:
-            local.pop("sdpa", None)
-        else:
-            local["sdpa"] = before
+        for c in mine:
+            c._attn_implementation = "sdpa"
