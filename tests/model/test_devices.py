@@ -116,3 +116,13 @@ def test_build_state_moves_or_refuses_a_model_given_on_another_device(tmp_path):
     meta = tiny_random_model(tok).to("meta")
     with pytest.raises(ConfigError, match="the policy has weights on the meta device"):
         build_state(cfg, meta, tok, train_examples=[Example("1+1=", "2")] * 2)
+
+
+def test_colocated_vllm_under_a_launcher_is_refused_at_config_time(monkeypatch):
+    from grpokit.train.preflight import check_environment
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = build_config({"rollout.backend": "vllm", "rollout.vllm_mode": "colocate", "model.device": "cpu"})
+    with pytest.raises(ConfigError, match="rollout.vllm_mode=colocate with 2 ranks") as e:
+        check_environment(cfg)
+    assert "\n" not in str(e.value)

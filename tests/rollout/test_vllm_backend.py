@@ -66,8 +66,9 @@ class StandInEngine:
 
     def load_weights(self, weights):
         self.calls.append("load_weights")
-        self.loaded = {k: v.clone() for k, v in weights}
-        self.model.load_state_dict(self.loaded)                   # every weight, a tied head included
+        part = {k: v.clone() for k, v in weights}
+        self.loaded.update(part)                                  # as vLLM, each call loads the names given
+        self.model.load_state_dict(part, strict=False)
 
     def sleep(self):
         self.calls.append("sleep")
@@ -190,6 +191,29 @@ def test_server_mode_over_http(tmp_path, char_tokenizer, tiny_model):
     with pytest.raises(ConnectionError, match="grpokit vllm-serve"):
         ServerEngine(f"http://127.0.0.1:{server.server_address[1]}",
                      timeout=2).generate([[1]], SamplingSpec(2, 3))
+
+
+def test_server_weights_go_in_bounded_bodies(tmp_path, char_tokenizer, tiny_model, monkeypatch):
+    import grpokit.rollout.vllm_backend as backend
+
+    state = _state(tmp_path, char_tokenizer, tiny_model, **{"rollout.vllm_mode": "server"})
+    engine = _engine(state)
+    weights = list(policy_weights(state.model))
+    sizes = [v.numel() * v.element_size() for _, v in weights]
+    monkeypatch.setattr(backend, "PUSH_BYTES", max(sizes) + 1)      # every body: at most one big tensor
+    server = make_server(engine, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        ServerEngine(f"http://127.0.0.1:{server.server_address[1]}").load_weights(weights)
+    finally:
+        server.shutdown()
+        server.server_close()
+    chunks = list(backend.weight_chunks(weights, max(sizes) + 1))
+    assert engine.calls.count("load_weights") == len(chunks) > 1
+    assert all(sum(v.numel() * v.element_size() for v in c.values()) <= max(sizes) + 1 for c in chunks)
+    assert engine.loaded.keys() == dict(weights).keys()
+    assert all(torch.equal(engine.loaded[k], v) for k, v in weights)
 
 
 def test_rollout_from_samples_rejects_a_wrong_group_size(char_tokenizer):

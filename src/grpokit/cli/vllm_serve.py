@@ -12,7 +12,8 @@ Endpoints (one engine call at a time; requests from several ranks queue):
     GET  /health          {"ok": true}
     POST /generate        {"prompt_ids": [[int]], "spec": SamplingSpec}
                           -> {"samples": [[{token_ids, logprobs}]]}
-    POST /load_weights    a safetensors blob of the policy's state dict (rank 0, after each update)
+    POST /load_weights    a safetensors blob of some of the policy's weights (rank 0, after each update,
+                          in bodies of at most vllm_backend.PUSH_BYTES; each is loaded as it comes)
     POST /sleep, /wake_up
 """
 

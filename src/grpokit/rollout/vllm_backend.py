@@ -25,7 +25,7 @@ import json
 import logging
 import tempfile
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,26 @@ def in_process_backend() -> str:
     return "auto"
 
 
+# One /load_weights body carries at most this many bytes of tensors (one tensor larger than this goes alone).
+PUSH_BYTES = 256 << 20
+
+
+def weight_chunks(weights: Iterable[tuple[str, torch.Tensor]],
+                  limit: int) -> Iterator[dict[str, torch.Tensor]]:
+    """{name: CPU copy} groups of consecutive tensors, at most `limit` bytes each (a larger tensor alone)."""
+    chunk: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if chunk and size + nbytes > limit:
+            yield chunk
+            chunk, size = {}, 0
+        chunk[name] = tensor.detach().cpu().contiguous().clone()       # no shared storage in safetensors
+        size += nbytes
+    if chunk:
+        yield chunk
+
+
 class ServerEngine:
     """Client of `grpokit vllm-serve` (rollout.vllm_mode=server): JSON for generation, safetensors for
     weights."""
@@ -81,8 +101,10 @@ class ServerEngine:
         return [[Sample(s["token_ids"], s["logprobs"]) for s in group] for group in out["samples"]]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        blob = save({k: v.detach().cpu().contiguous().clone() for k, v in weights})   # no shared storage
-        self._post("/load_weights", blob, "application/octet-stream")
+        """The weights in bodies of at most PUSH_BYTES each (a larger tensor alone), so neither side holds a
+        second copy of the whole model; the server loads each body as it comes."""
+        for chunk in weight_chunks(weights, PUSH_BYTES):
+            self._post("/load_weights", save(chunk), "application/octet-stream")
 
     def sleep(self) -> None:          # the server owns its GPUs: nothing to free here
         pass
