@@ -6,8 +6,12 @@ line in the same format as grpokit's side. TRL 1.16's defaults are overridden to
     loss_type "grpo" (TRL default "dapo")      beta 0.04 (TRL default 0.0)
     bf16 as --trl-precision says: default = TRL's own (bf16=True on the CPU), fp32 = bf16 False
     gradient_checkpointing off (TRL default on)
-    per_device_train_batch_size = B * G        (TRL counts completions; one optimizer step per
-    generation_batch_size = B * G               generation batch, like grpokit's mu = 1 step)
+    generation_batch_size = B * G               (TRL counts completions; one optimizer step per
+                                                generation batch, like grpokit's mu = 1 step)
+    per_device_train_batch_size = M, gradient_accumulation_steps = B * G / M
+                                               M = --micro-batch-size (0: the whole batch), so TRL
+                                               runs the same micro-batches as grpokit's
+                                               optim.micro_batch_size: equal work, equal memory rules
     min_new_tokens = T with --fixed-length     (EOS blocked: both sides produce B * G * T tokens)
 """
 
@@ -65,8 +69,9 @@ def run_trl(args) -> dict:
     data = Dataset.from_dict({"prompt": bench_prompts(B) * (args.steps + 1)})
     gen_kwargs = {"min_new_tokens": T} if args.fixed_length else None
     out_dir = tempfile.mkdtemp(prefix="trl-bench-")
-    cfg = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=B * G, generation_batch_size=B * G,
-                     gradient_accumulation_steps=1, num_generations=G, max_completion_length=T,
+    micro = args.micro_batch_size or B * G            # grpokit's optim.micro_batch_size, 0 = whole batch
+    cfg = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=micro, generation_batch_size=B * G,
+                     gradient_accumulation_steps=B * G // micro, num_generations=G, max_completion_length=T,
                      beta=args.beta, loss_type="grpo", bf16=args.trl_precision == "default", fp16=False,
                      gradient_checkpointing=args.gradient_checkpointing,
                      num_iterations=1, learning_rate=1e-6, temperature=1.0, top_p=1.0, top_k=0,
@@ -118,8 +123,11 @@ def run_trl(args) -> dict:
             clock.row = {}
     trainer.add_callback(StepClock())
     trainer.train()
-    return summarize(steps, args.warmup, flops, peak, "trl", peak_bf16=peak_bf16,
-                     precision="bf16" if args.trl_precision == "default" else "fp32")
+    out = summarize(steps, args.warmup, flops, peak, "trl", peak_bf16=peak_bf16,
+                    precision="bf16" if args.trl_precision == "default" else "fp32")
+    whole = trainer.args.per_device_train_batch_size == B * G        # 0 = the whole batch, as grpokit's
+    return {**out, "micro_batch_size": 0 if whole else trainer.args.per_device_train_batch_size,
+            "gradient_accumulation_steps": trainer.args.gradient_accumulation_steps}
 
 
 if __name__ == "__main__":

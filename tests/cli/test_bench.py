@@ -71,3 +71,15 @@ def test_compare_trl_alternates_sides_and_counts_equal_tokens():
     last = lines[-1]
     assert last["tokens_grpokit"] == last["tokens_trl"] == 4 * 8 * 4
     assert len(last["ratios_per_round"]) == 2 and last["ratio_trl_over_grpokit_s_per_step"] > 0
+
+
+def test_compare_trl_gives_trl_the_same_micro_batches():
+    pytest.importorskip("trl")
+    proc = _run("--size", "tiny", "--completion-length", "4", "--fixed-length", "--steps", "2",
+                "--warmup", "1", "--compare-trl", "--micro-batch-size", "8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grpokit, trl, last = [json.loads(x) for x in proc.stdout.strip().splitlines()]
+    assert grpokit["micro_batch_size"] == trl["micro_batch_size"] == 8
+    assert trl["gradient_accumulation_steps"] == 4 * 8 // 8          # one optimizer step per generation batch
+    assert last["micro_batch_grpokit"] == last["micro_batch_trl"] == 8
+    assert last["tokens_grpokit"] == last["tokens_trl"] == 4 * 8 * 4

@@ -198,7 +198,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="rollout.reuse_activations (default auto)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="both sides recompute activations")
     p.add_argument("--micro-batch-size", type=int, default=0,
-                   help="grpokit's optim.micro_batch_size: completions per pass (0 = the whole batch)")
+                   help="completions per forward/backward pass on both sides (0 = the whole batch): "
+                        "grpokit's optim.micro_batch_size, TRL's per_device_train_batch_size with "
+                        "gradient accumulation")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare-trl", action="store_true", help="also run TRL's GRPOTrainer, print the ratio")
@@ -270,7 +272,10 @@ def compare(ours: list[dict], trl: list[dict]) -> dict:
            "trl_s_per_step": statistics.median(t["s_per_step"] for t in trl),
            "rss_grpokit_mib": max(g["peak_rss_mib"] for g in ours),
            "rss_trl_mib": max(t["peak_rss_mib"] for t in trl),
-           "tokens_grpokit": ours[0]["completion_tokens"], "tokens_trl": trl[0]["completion_tokens"]}
+           "tokens_grpokit": ours[0]["completion_tokens"], "tokens_trl": trl[0]["completion_tokens"],
+           # completions per forward/backward pass on each side (0: the whole batch); equal by construction
+           "micro_batch_grpokit": ours[0].get("micro_batch_size"),
+           "micro_batch_trl": trl[0].get("micro_batch_size")}
     if len(ratios) > 1:
         out["ratios_per_round"] = [round(r, 3) for r in ratios]
     return out

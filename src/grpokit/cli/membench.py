@@ -35,6 +35,7 @@ import torch
 from grpokit import fast
 from grpokit.config.schema import ModelConfig, build_config
 from grpokit.errors import UserError
+from grpokit.model.devices import place_model, resolve_device
 from grpokit.model.loading import load_model_and_tokenizer
 from grpokit.model.lora import reference_for
 from grpokit.model.testing import bench_prompts, build_tokenizer, digit_reward, random_qwen2
@@ -92,9 +93,7 @@ def build_bench_model(args) -> tuple[torch.nn.Module, Any]:
                                         seed=args.seed)
     tok = build_tokenizer(args.vocab)
     model = random_qwen2(tok, "small", args.vocab, args.seed)
-    device = ("cuda" if args.device == "auto" and torch.cuda.is_available()
-              else args.device.replace("auto", "cpu"))
-    return model.to(device).train(), tok
+    return place_model(model, resolve_device(args.device, where="--device")).train(), tok
 
 
 def _peak_mib(cuda: bool) -> float:
@@ -167,7 +166,7 @@ def run_trl(args, model, tok, baseline: float) -> dict[str, Any]:
 def run_side(args) -> dict[str, Any]:
     """One side, in this process: build the model, run the steps, measure."""
     torch.manual_seed(args.seed)
-    baseline = 0.0 if torch.cuda.is_available() and args.device != "cpu" else current_rss_mib()
+    baseline = 0.0 if resolve_device(args.device, where="--device").type == "cuda" else current_rss_mib()
     model, tok = build_bench_model(args)
     run = run_trl if args.side.startswith("trl") else run_grpokit
     out = run(args, model, tok, baseline)
