@@ -231,8 +231,11 @@ def sample_groups(
         prompts: B prompts, plain text or chat messages (rendered with the chat template).
         group_size: G completions per prompt.
         max_new_tokens: T, the completion length limit.
-        temperature, top_p, top_k: the sampling distribution (top_k=0 keeps all tokens).
-        max_prompt_length, truncate_prompt: over-long prompts keep their last tokens ("left") or raise.
+        temperature: the sampling temperature.
+        top_p: nucleus sampling's probability mass (1.0 keeps all tokens).
+        top_k: sample among the k likeliest tokens (0 keeps all tokens).
+        max_prompt_length: the longest prompt in tokens (None: no limit).
+        truncate_prompt: an over-long prompt keeps its last tokens ("left") or raises ("error").
         backend: "auto" (fast sampler when the architecture supports it), "fast" or "generate".
         suppress_eos: never end early (fixed-length completions, for benchmarks).
         generation_batch_size: completions decoded at once (0 = all N), a multiple of G.
