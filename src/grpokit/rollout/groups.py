@@ -276,15 +276,9 @@ def sample_groups(
                                  torch.full_like(completion_ids, tokenizer.pad_token_id))
     sampling_logprobs = _pad_cat(logps, T, 0) * mask if use_fast else None        # [N, T]
     texts_out = tokenizer.batch_decode(completion_ids.tolist(), skip_special_tokens=True)
-    return Rollout(
-        prompt_ids=prompt_ids.repeat_interleave(group_size, 0),
-        prompt_mask=prompt_mask.repeat_interleave(group_size, 0),
-        completion_ids=completion_ids,
-        completion_mask=mask,
-        group_ids=torch.arange(B, device=device).repeat_interleave(group_size),
-        completions=texts_out,
-        prompts=[p for p in prompts for _ in range(group_size)],
-        truncated=truncated,
-        group_size=group_size,
-        sampling_logprobs=sampling_logprobs,
-    )
+    rep = prompt_ids.repeat_interleave(group_size, 0), prompt_mask.repeat_interleave(group_size, 0)
+    texts_in = [p for p in prompts for _ in range(group_size)]
+    return Rollout(prompt_ids=rep[0], prompt_mask=rep[1], completion_ids=completion_ids, completion_mask=mask,
+                   group_ids=torch.arange(B, device=device).repeat_interleave(group_size),
+                   completions=texts_out, prompts=texts_in, truncated=truncated, group_size=group_size,
+                   sampling_logprobs=sampling_logprobs)
