@@ -148,6 +148,7 @@ def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None
                 "rng": rng_state(), "rank_rng": getattr(state, "rank_rng", None),
                 "step": state.step, "cursor": state.stream.cursor,
                 "bad_steps": state.bad_steps, "skipped_updates": getattr(state, "skipped_updates", 0),
+                "entropy_control": [getattr(state, "entropy_coef", None), getattr(state, "last_entropy", None)],
                 "metrics_offset": {"bytes": size, "rows": rows},
                 "metrics_row": None if metrics_row is None else json.dumps(metrics_row, default=float)},
                tmp / STATE_FILE)
@@ -332,6 +333,8 @@ def load_checkpoint(state, folder: Path) -> dict[str, Any]:
     state.scheduler.load_state_dict(blob["scheduler"])
     state.step, state.stream.cursor, state.bad_steps = blob["step"], blob["cursor"], blob["bad_steps"]
     state.skipped_updates = blob.get("skipped_updates", 0)
+    if blob.get("entropy_control") is not None:   # adaptive entropy: the coefficient and its last measurement
+        state.entropy_coef, state.last_entropy = blob["entropy_control"]
     ranks, dist = blob.get("rank_rng") or [], getattr(state, "dist", None)  # distributed: each rank its own
     set_rng_state(ranks[dist.rank] if dist is not None and len(ranks) == dist.world_size > 1 else blob["rng"])
     if getattr(state, "reward_loop", None) is not None:

@@ -50,6 +50,7 @@ def save_sharded(dist: Distributed, state: Any, out_dir: Path) -> Path:
     if dist.is_main:
         torch.save({"scheduler": state.scheduler.state_dict(), "rng": rng_state(), "rank_rng": state.rank_rng,
                     "step": state.step, "cursor": state.stream.cursor, "bad_steps": state.bad_steps,
+                    "entropy_control": [state.entropy_coef, state.last_entropy],
                     "world_size": dist.world_size}, tmp / "trainer_state.pt")
         (tmp / "config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
         swap_in(tmp, final)
@@ -89,6 +90,8 @@ def resume_sharded(dist: Distributed, state: Any, out_dir: Path) -> bool:
     blob = torch.load(folder / "trainer_state.pt", weights_only=False)
     state.scheduler.load_state_dict(blob["scheduler"])
     state.step, state.stream.cursor, state.bad_steps = blob["step"], blob["cursor"], blob["bad_steps"]
+    if blob.get("entropy_control") is not None:
+        state.entropy_coef, state.last_entropy = blob["entropy_control"]
     ranks = blob.get("rank_rng") or []
     set_rng_state(ranks[dist.rank] if len(ranks) == dist.world_size else blob["rng"])
     log.info("resumed from %s (step %d, sharded)", folder, state.step)

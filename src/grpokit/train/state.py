@@ -43,6 +43,10 @@ class TrainState:
     reward_hooks: dict = field(default_factory=dict)  # TRL's trainer_state, log_metric, log_extra (callbacks)
     # run.iterations > 0: grpokit.train.iterative.RewardLoop (Algorithm 1's RM training)
     reward_loop: Any = None
+    # loss.use_adaptive_entropy: the entropy coefficient c now (None: loss.entropy_coef) and the last
+    # optimizer step's mean entropy over the bonus' tokens (inf: not measured yet); both checkpointed
+    entropy_coef: float | None = None
+    last_entropy: float = float("inf")
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:
