@@ -92,7 +92,8 @@ def test_each_choice_is_declared_once_and_help_validation_and_switch_derive_from
     assert found["loss.scale_rewards"] == typing.get_args(ch.ScaleRewards) == SCALE_MODES
     assert len(found) == 21 and found["rollout.backend"] == ("auto", "fast", "generate", "vllm")
     help_text = {f.name: f.metadata["help"] for f in dataclasses.fields(LossConfig)}
-    assert help_text["loss_type"].startswith("grpo (eq. 3) | bnpo | dr_grpo | dapo (token mean over the batch) | "
+    assert help_text["loss_type"].startswith("grpo (eq. 3) | bnpo | dr_grpo | dapo (token mean over the "
+                                             "batch) | "
                                              "cispo (MiniMax-M1) | sapo (soft gate) |")
     with pytest.raises(ConfigError, match=r"loss.loss_type must be one of grpo, bnpo, dr_grpo, dapo.*'dapo'"):
         build_config({"loss.loss_type": "dapoo"})

@@ -50,7 +50,8 @@ def ours(b: dict, s: dict):
     loss, _ = grpo_objective_from_logprobs(
         logprobs, b.get("old"), b.get("ref"), b["mask"], b["advantages"], s.get("epsilon", 0.2),
         s.get("beta", 0.0), clip_eps_high=s.get("epsilon_high"), delta=s.get("delta"),
-        loss_type=s.get("loss_type", "dapo"), importance_sampling_level=s.get("importance_sampling_level", "token"),
+        loss_type=s.get("loss_type", "dapo"),
+        importance_sampling_level=s.get("importance_sampling_level", "token"),
         max_completion_length=s.get("max_completion_length", T), tis_weights=b.get("is_ratio"),
         kl_bias_correction=s.get("use_bias_correction_kl", False), variants=variants, filters=filters,
         entropy=entropy, sampler_logprobs=b.get("sampler"))
@@ -77,15 +78,18 @@ CASES = {
     "kl_bias_corrected_sequence": {"loss_type": "grpo", "beta": 0.1, "use_bias_correction_kl": True,
                                    "importance_sampling_level": "sequence"},
     "entropy_bonus_dapo": {"loss_type": "dapo", "entropy_coef": 0.1},
-    "entropy_bonus_luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence", "entropy_coef": 0.3},
+    "entropy_bonus_luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence",
+                            "entropy_coef": 0.3},
     "entropy_adaptive_gate_open": {"loss_type": "grpo", "entropy_coef": 0.05, "use_adaptive_entropy": True,
                                    "entropy_target": 0.5, "last_world_entropy": 0.3},
     "entropy_adaptive_gate_closed": {"loss_type": "grpo", "entropy_coef": 0.05, "use_adaptive_entropy": True,
                                      "entropy_target": 0.5, "last_world_entropy": 0.9},
     "top_entropy_quantile": {"loss_type": "dapo", "top_entropy_quantile": 0.3},
-    "top_entropy_quantile_with_bonus": {"loss_type": "grpo", "top_entropy_quantile": 0.5, "entropy_coef": 0.2},
+    "top_entropy_quantile_with_bonus": {"loss_type": "grpo", "top_entropy_quantile": 0.5,
+                                        "entropy_coef": 0.2},
     "off_policy_mask": {"loss_type": "dapo", "off_policy_mask_threshold": 0.05},
-    "off_policy_mask_no_sampler": {"loss_type": "grpo", "off_policy_mask_threshold": 0.02, "_no_sampler": True},
+    "off_policy_mask_no_sampler": {"loss_type": "grpo", "off_policy_mask_threshold": 0.02,
+                                   "_no_sampler": True},
 }
 BASE_KEYS = ("loss_type", "importance_sampling_level", "max_completion_length")
 
@@ -117,7 +121,8 @@ def trl_is_ratio(old, sampler, mask, mode: str, lo: float | None, hi: float | No
     w = torch.exp(diff.sum(-1, keepdim=True) if level == "sequence" else diff)
     if kind == "truncate":
         return torch.clamp(w, min=lo, max=hi)
-    return w.masked_fill((w < (-math.inf if lo is None else lo)) | (w > (math.inf if hi is None else hi)), 0.0)
+    low, high = -math.inf if lo is None else lo, math.inf if hi is None else hi
+    return w.masked_fill((w < low) | (w > high), 0.0)
 
 
 @pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
@@ -146,8 +151,8 @@ def test_adaptive_entropy_coefficient_moves_as_trls():
 
     b = batch(2)
     for target in (0.5, 5.0):
-        s = {"loss_type": "dapo", "entropy_coef": 0.05, "use_adaptive_entropy": True, "entropy_target": target,
-             "entropy_coef_delta": 0.01, "last_world_entropy": 0.0}
+        s = {"loss_type": "dapo", "entropy_coef": 0.05, "use_adaptive_entropy": True,
+             "entropy_target": target, "entropy_coef_delta": 0.01, "last_world_entropy": 0.0}
         trainer = trl_loss(trl, b, s)[3]
         step_entropy = float((b["entropy"] * b["mask"]).sum() / b["mask"].sum())
         assert trainer.entropy_coef == pytest.approx(next_entropy_coef(

@@ -64,8 +64,11 @@ class ModelConfig:
                               "the device has native bf16 matmul and the model is large enough "
                               "(grpokit.model.precision)")
     device: str = _f("auto", "auto (cuda if available, else cpu) | cpu | cuda | cuda:N")
+    trust_remote_code: bool = _f(False, "run the modeling code shipped in the model folder (transformers' "
+                                 "trust_remote_code); only for folders you trust")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward (less memory)")
-    cast_lm_head_to_fp32: bool = _f(False, "16-bit weights: keep the lm-head (and its logits) in float32, for "
+    cast_lm_head_to_fp32: bool = _f(False, "16-bit weights: keep the lm-head (and its logits) in float32, "
+                                    "for "
                                     "precise log-probs (TRL's cast_lm_head_to_fp32)")
     lora_r: int = _f(0, "LoRA rank; 0 trains all weights (LoRA needs the [peft] extra)")
     lora_alpha: int = _f(16, "LoRA scaling alpha")
@@ -80,6 +83,8 @@ class TaskConfig:
                              "the rewards")
     path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl / hf")
     train_split: str = _f("train", "split the policy trains on")
+    shuffle: bool = _f(True, "draw training prompts in a seeded random order each epoch; false: in data "
+                       "order")
     eval_split: str = _f("test", "held-out split for evaluation")
     prompt_column: str = _f("prompt", "jsonl task: column holding the question")
     answer_column: str = _f("answer", "jsonl task: column holding the reference answer")
@@ -162,7 +167,8 @@ class LossConfig:
     top_entropy_quantile: float = _f(1.0, "rho: the policy term trains only the top-rho tokens by entropy "
                                      "(80/20 rule, 0.2 recommended); 1 = all tokens")
     off_policy_mask_threshold: float | None = _f(None, "drop negative-advantage completions whose mean "
-                                                 "per-token drift from the sampler exceeds this (DeepSeek-V3.2); "
+                                                 "per-token drift from the sampler exceeds this "
+                                                 "(DeepSeek-V3.2); "
                                                  "None = off")
     entropy_coef: float = _f(0.0, "entropy bonus c: loss - c * mean token entropy (the starting c when "
                              "adaptive)")
@@ -195,7 +201,8 @@ class LossConfig:
     tis_cap: float | None = _f(2.0, "backend=vllm: upper bound C_max on the importance weight pi_old / "
                                "pi_sampler (None = none)")
     tis_min: float | None = _f(None, "backend=vllm: lower bound C_min on the importance weight (None = none)")
-    tis_mode: TISMode = _choice(TISMode, "truncate", before="backend=vllm: weights outside [tis_min, tis_cap] "
+    tis_mode: TISMode = _choice(TISMode, "truncate", before="backend=vllm: weights outside "
+                                "[tis_min, tis_cap] "
                                 "are ", truncate="clamped", mask="zeroed (masked IS)")
     algorithm: Algorithm = _choice(Algorithm, "grpo", grpo="group baseline, no critic",
                                    ppo="value-model baseline, for comparison")
@@ -211,6 +218,7 @@ class OptimConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_beta1: float = _f(0.9, "AdamW beta1")
     adam_beta2: float = _f(0.99, "AdamW beta2")
+    adam_epsilon: float = _f(1e-8, "AdamW epsilon")
     max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 disables")
     lr_scheduler_type: LRScheduler = _choice(LRScheduler, "constant", linear="decay to 0 at max_steps")
     warmup_steps: int = _f(0, "linear warm-up steps")

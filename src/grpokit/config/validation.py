@@ -155,7 +155,8 @@ def _check_objective_variants(cfg: GRPOConfig) -> None:
     _check(lo.entropy_coef_delta >= 0, f"loss.entropy_coef_delta must be >= 0, got {lo.entropy_coef_delta}")
     _check(lo.algorithm == "grpo" or (lo.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo")
                                       and lo.entropy_coef == 0 and not lo.use_adaptive_entropy),
-           f"loss.algorithm=ppo compares against the clipped objective: use loss.loss_type grpo, bnpo, dr_grpo "
+           f"loss.algorithm=ppo compares against the clipped objective: use loss.loss_type grpo, bnpo, "
+           f"dr_grpo "
            f"or dapo and no entropy bonus (got {lo.loss_type})")
     _check(lo.loss_type != "vespo" or cfg.rollout.backend != "vllm" or lo.tis_level in ("token", "none"),
            "loss.loss_type=vespo folds the sampler correction into its per-token weights: set "
@@ -167,6 +168,7 @@ def _check_optim_and_run(cfg: GRPOConfig) -> None:
     _check(o.learning_rate > 0, f"optim.learning_rate must be > 0, got {o.learning_rate}")
     _check(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
     _check(0 <= o.adam_beta1 < 1 and 0 <= o.adam_beta2 < 1, "optim.adam_beta1/adam_beta2 must be in [0, 1)")
+    _check(o.adam_epsilon > 0, f"optim.adam_epsilon must be > 0, got {o.adam_epsilon}")
     _check(o.max_grad_norm >= 0, f"optim.max_grad_norm must be >= 0 (0 disables), got {o.max_grad_norm}")
     _check(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     _check(o.micro_batch_size >= 0, f"optim.micro_batch_size must be >= 0, got {o.micro_batch_size}")
@@ -256,3 +258,20 @@ def validate(cfg: GRPOConfig) -> None:
     for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_loss,
                   _check_optim_and_run, _check_reward_model_task, _check_reward_models):
         check(cfg)
+
+
+def objective_warnings(cfg: GRPOConfig) -> list[str]:
+    """Valid but probably unintended objective settings, one line each (the trainers log them)."""
+    lo, out = cfg.loss, []
+    if lo.importance_sampling_level == "sequence" and lo.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+        out.append(f"loss.importance_sampling_level=sequence with loss.loss_type={lo.loss_type}: the loss "
+                   "sums "
+                   "token terms, so each completion's sequence ratio counts once per token (weighted by its "
+                   "completion length), not GSPO's per-sequence objective: use loss.loss_type=grpo for GSPO")
+    if lo.loss_type == "luspo" and lo.importance_sampling_level != "sequence":
+        out.append("loss.loss_type=luspo is a sequence-level objective: set "
+                   "loss.importance_sampling_level=sequence, as in the LUSPO paper")
+    if lo.loss_type == "vespo" and lo.importance_sampling_level != "token":
+        out.append("loss.loss_type=vespo weights the whole sequence ratio itself: leave "
+                   "loss.importance_sampling_level=token")
+    return out

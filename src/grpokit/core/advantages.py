@@ -14,7 +14,8 @@ and get advantage 0.
 Several reward functions (multi_objective_aggregation):
     sum_then_normalize   r_i = sum_k w_k r_{i,k}, then the formulas above          (`group_advantages`)
     normalize_then_sum   GDPO (arXiv 2601.05242), `decoupled_advantages`:
-                         z_{i,k} = (r_{i,k} - mean_group(r_k)) / (std_group(r_k) + eps),  s_i = sum_k w_k z_{i,k},
+                         z_{i,k} = (r_{i,k} - mean_group(r_k)) / (std_group(r_k) + eps),
+                         s_i = sum_k w_k z_{i,k},
                          A_i = (s_i - mean_batch(s)) / (std_batch(s) + eps)
                          each reward keeps its own scale inside the group, so one with a large range does not
                          drown the others.

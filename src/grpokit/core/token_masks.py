@@ -2,7 +2,8 @@
 
     high_entropy_mask   keep a token iff H_t >= q-quantile of H over the valid tokens, q = 1 - rho
                         "Beyond the 80/20 rule" (Wang et al., arXiv 2506.01939): the policy gradient of the
-                        top-rho highest-entropy ("forking") tokens carries the learning; rho = 0.2 recommended.
+                        top-rho highest-entropy ("forking") tokens carries the learning; rho = 0.2
+                        recommended.
                         (TRL's top_entropy_quantile is rho.)
     off_policy_mask     drop completion i iff A_i < 0 and 1/|o_i| sum_t (logp_sampler - logp_new) > delta
                         DeepSeek-V3.2's off-policy sequence mask (arXiv 2512.02556): a negative sample that

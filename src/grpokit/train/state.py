@@ -67,10 +67,11 @@ def make_optimizer(model: torch.nn.Module, cfg: GRPOConfig):
             raise ValueError("optim.optim=adamw_8bit needs bitsandbytes: pip install bitsandbytes, "
                              "or use optim.optim=adamw") from None
         opt = bnb.optim.AdamW8bit(params, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2),
-                                  weight_decay=o.weight_decay)
+                                  eps=o.adam_epsilon, weight_decay=o.weight_decay)
     else:
         opt = torch.optim.AdamW(params, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2),
-                                weight_decay=o.weight_decay, fused=_can_fuse(params) or None)
+                                eps=o.adam_epsilon, weight_decay=o.weight_decay,
+                                fused=_can_fuse(params) or None)
     total = cfg.run.max_steps * cfg.loss.num_iterations
 
     def factor(update: int) -> float:

@@ -151,7 +151,8 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
                 a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
                 tis, tis_mets, sampled = _sampler_weights(state, rollout, rows, new_lp, old_lp, m, T, it == 0)
                 if "mismatch/abs_logprob_diff_max" in tis_mets:
-                    mismatch_max = torch.maximum(mismatch_max, tis_mets.pop("mismatch/abs_logprob_diff_max").cpu())
+                    worst = tis_mets.pop("mismatch/abs_logprob_diff_max").cpu()
+                    mismatch_max = torch.maximum(mismatch_max, worst)
                 loss, mets = grpo_objective_from_logprobs(
                     new_lp, None if old_lp is None else old_lp[rows, :T],
                     None if ref_lp is None else ref_lp[rows, :T], m, a, lo.epsilon, beta,
