@@ -31,6 +31,7 @@ from grpokit.config.schema import ConfigError, build_config
 from grpokit.config.schema import GRPOConfig as NestedConfig
 from grpokit.config.validation import objective_warnings
 from grpokit.core.entropy import applied_entropy_coef
+from grpokit.core.token_masks import high_entropy_mask, off_policy_mask
 from grpokit.model.loading import (
     check_tokenizer_fits,
     load_model_and_tokenizer,
@@ -45,7 +46,7 @@ from grpokit.train.state import TrainState
 from grpokit.train.update import bonus_enabled
 from grpokit.trl.config import GRPOConfig
 from grpokit.trl.evaluation import EvalRun, evaluate_sets
-from grpokit.trl.generation import generation_options
+from grpokit.trl.generation import generation_options, restore_saved
 from grpokit.trl.inputs import (
     dataset_examples,
     disable_dropout,
@@ -196,6 +197,18 @@ class GRPOTrainer:
         """TRL's MoE router auxiliary loss: grpokit trains none (router_aux_loss_coef is refused)."""
         return False
 
+    def get_high_entropy_mask(self, entropies: Any, mask: Any, threshold: float) -> Any:
+        """TRL's helper: the valid tokens whose entropy is at least the `threshold` quantile (bool [N, T];
+        grpokit.core.token_masks.high_entropy_mask)."""
+        return high_entropy_mask(entropies, mask, threshold)
+
+    @staticmethod
+    def get_off_policy_mask(advantages: Any, per_token_logps: Any, sampling_per_token_logps: Any, mask: Any,
+                            off_policy_threshold: float) -> Any:
+        """TRL's helper: DeepSeek-V3.2's off-policy sequence mask, 1 keep / 0 drop ([N, 1];
+        grpokit.core.token_masks.off_policy_mask)."""
+        return off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)
+
     def add_callback(self, callback: Any) -> None:
         self.callback_handler.callbacks.append(callback() if isinstance(callback, type) else callback)
 
@@ -241,6 +254,8 @@ class GRPOTrainer:
                                            eval_examples=self.eval_examples,
                                            callbacks=self.callback_handler, reward_funcs=self.reward_triples,
                                            ref_model=self._reference)
+        if self.translation.trainer["generation"]:   # the run's sampling options stay out of the saved model
+            restore_saved(self.model, Path(cfg.run.output_dir) / "final")
         metrics = self.callback_handler.train_metrics
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
