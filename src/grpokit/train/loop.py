@@ -109,8 +109,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
 
     hooks (tests only): {"after_step": fn(state, metrics)}. callbacks: transformers-style TrainerCallbacks
     (or a `grpokit.train.callbacks.TrainHooks`); reward_funcs: (name, fn, weight) triples instead of cfg's;
-    ref_model: the reference to use with beta > 0 (None: a frozen copy of the policy, made here).
-    """
+    ref_model: the reference with beta > 0 (None: a frozen copy of the policy, made here)."""
     from tqdm import tqdm
 
     hooks = hooks or {}

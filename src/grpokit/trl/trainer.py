@@ -24,8 +24,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers.trainer_utils import TrainOutput
-
 from grpokit.cli.main import describe
 from grpokit.config.schema import ConfigError, build_config
 from grpokit.config.schema import GRPOConfig as NestedConfig
@@ -235,13 +233,15 @@ class GRPOTrainer:
         return self._nested_config(self.config.model.name_or_path, {"run.resume": True})
 
     def train(self, resume_from_checkpoint: Any = None, trial: Any = None, ignore_keys_for_eval: Any = None,
-              **kwargs: Any) -> TrainOutput:
+              **kwargs: Any) -> Any:
         """Train (grpokit's loop); returns transformers' TrainOutput(global_step, training_loss, metrics).
 
         Args:
             resume_from_checkpoint: True (or the newest checkpoint's path) continues the run in
                 output_dir bit-identically; None takes args.resume_from_checkpoint.
         """
+        from transformers.trainer_utils import TrainOutput   # transformers' trainer module: loaded when used
+
         if kwargs or trial is not None:
             raise ConfigError(f"train() got {', '.join(kwargs) or 'trial'}: grpokit's train takes "
                               "resume_from_checkpoint only (no hyperparameter search)")
