@@ -30,10 +30,10 @@ def test_cispo_clips_the_weight_and_keeps_the_gradient():
     ratio = torch.tensor([[2.0, 0.5]], requires_grad=True)
     logp = torch.tensor([[-0.7, -0.2]], requires_grad=True)
     loss = cispo_term(ratio, torch.ones(1, 1), logp, eps_max=1.5)
-    close(loss, [[1.5 * 0.7, 0.5 * 0.2]])       # -min(r, 1.5) * A * logp
+    close(loss, [[1.5 * 0.7, 0.5 * 0.2]])  # -min(r, 1.5) * A * logp
     loss.sum().backward()
-    close(logp.grad, [[-1.5, -0.5]])           # every token keeps a gradient
-    assert ratio.grad is None or float(ratio.grad.abs().sum()) == 0      # none through the weight
+    close(logp.grad, [[-1.5, -0.5]])  # every token keeps a gradient
+    assert ratio.grad is None or float(ratio.grad.abs().sum()) == 0  # none through the weight
 
 
 def test_sapo_gate_at_ratio_one():
@@ -43,7 +43,7 @@ def test_sapo_gate_at_ratio_one():
     # -(4 / tau) sigmoid(0) A = -2 A / tau
     close(loss, [[-2.0, 2.0 / 1.05]])
     loss.sum().backward()
-    close(r.grad, [[-1.0, 1.0]])              # the unclipped gradient -A at r = 1
+    close(r.grad, [[-1.0, 1.0]])  # the unclipped gradient -A at r = 1
 
 
 def test_vespo_weight_is_one_on_policy_and_gamma_shaped_off():
@@ -51,7 +51,7 @@ def test_vespo_weight_is_one_on_policy_and_gamma_shaped_off():
     adv = torch.tensor([[1.0], [-1.0]])
     v = Variants()
     close(vespo_weights(adv, torch.zeros(2, 3), mask, None, v), [[1.0], [1.0]])
-    log_ratio = torch.tensor([[math.log(2.0), 0.0, 0.0], [math.log(2.0), 0.0, 0.0]])   # w = 2
+    log_ratio = torch.tensor([[math.log(2.0), 0.0, 0.0], [math.log(2.0), 0.0, 0.0]])  # w = 2
     phi = vespo_weights(adv, log_ratio, mask, None, v)
     # phi(w) = w^k e^{lam (1 - w)}: A >= 0: 4 e^-3; A < 0: 8 e^-2
     close(phi, [[4 * math.exp(-3)], [8 * math.exp(-2)]])
@@ -66,19 +66,20 @@ def test_luspo_sums_each_completions_tokens_then_averages():
 def test_entropy_bonus_is_c_times_the_mean_token_entropy():
     h = torch.tensor([[1.0, 3.0], [2.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    assert float(entropy_bonus(h, mask, 0.5)) == pytest.approx(0.5 * 2.0)          # (1 + 3 + 2) / 3
+    assert float(entropy_bonus(h, mask, 0.5)) == pytest.approx(0.5 * 2.0)  # (1 + 3 + 2) / 3
     new = torch.log(torch.full((2, 2), 0.5))
-    loss, mets = grpo_objective_from_logprobs(new, None, None, mask, torch.zeros(2), loss_type="dapo",
-                                              filters=Filters(entropy_coef=0.5), entropy=h)
+    loss, mets = grpo_objective_from_logprobs(
+        new, None, None, mask, torch.zeros(2), loss_type="dapo", filters=Filters(entropy_coef=0.5), entropy=h
+    )
     assert float(loss) == pytest.approx(-1.0) and float(mets["entropy_bonus"]) == pytest.approx(1.0)
 
 
 def test_adaptive_entropy_coefficient():
     kw = dict(target=0.2, delta=0.05, coef_min=0.0, coef_max=0.12)
-    assert next_entropy_coef(0.1, 0.1, **kw) == pytest.approx(0.12)      # below target: up, to the cap
-    assert next_entropy_coef(0.1, 0.3, **kw) == pytest.approx(0.05)      # above: down
-    assert next_entropy_coef(0.02, 0.3, **kw) == 0.0                     # not below the floor
-    assert applied_entropy_coef(0.1, math.inf, 0.2, adaptive=True) == 0.0     # no measurement yet: no bonus
+    assert next_entropy_coef(0.1, 0.1, **kw) == pytest.approx(0.12)  # below target: up, to the cap
+    assert next_entropy_coef(0.1, 0.3, **kw) == pytest.approx(0.05)  # above: down
+    assert next_entropy_coef(0.02, 0.3, **kw) == 0.0  # not below the floor
+    assert applied_entropy_coef(0.1, math.inf, 0.2, adaptive=True) == 0.0  # no measurement yet: no bonus
     assert applied_entropy_coef(0.1, 0.1, 0.2, adaptive=True) == 0.1
     assert applied_entropy_coef(0.1, math.inf, 0.2, adaptive=False) == 0.1
 
@@ -88,25 +89,34 @@ def test_filters_drop_tokens_and_completions():
     mask = torch.ones(2, 4)
     h = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]])
     adv = torch.tensor([1.0, -1.0])
-    loss, _ = grpo_objective_from_logprobs(new, None, None, mask, adv, loss_type="dapo",
-                                           filters=Filters(top_entropy_quantile=0.25), entropy=h)
+    loss, _ = grpo_objective_from_logprobs(
+        new, None, None, mask, adv, loss_type="dapo", filters=Filters(top_entropy_quantile=0.25), entropy=h
+    )
     (g,) = torch.autograd.grad(loss, new)
     assert (g != 0).tolist() == [[False] * 4, [False, False, True, True]]  # the top quarter: .7 .8
-    sampler = new.detach() + torch.tensor([[2.0], [2.0]])                  # drift 2 on both completions
-    loss, _ = grpo_objective_from_logprobs(new, None, None, mask, adv, loss_type="dapo",
-                                           filters=Filters(off_policy_threshold=1.0), sampler_logprobs=sampler)
+    sampler = new.detach() + torch.tensor([[2.0], [2.0]])  # drift 2 on both completions
+    loss, _ = grpo_objective_from_logprobs(
+        new,
+        None,
+        None,
+        mask,
+        adv,
+        loss_type="dapo",
+        filters=Filters(off_policy_threshold=1.0),
+        sampler_logprobs=sampler,
+    )
     (g,) = torch.autograd.grad(loss, new)
-    assert (g != 0).any(-1).tolist() == [True, False]                     # the negative one is dropped
+    assert (g != 0).any(-1).tolist() == [True, False]  # the negative one is dropped
 
 
 def test_decoupled_advantages_by_hand():
     # group 1: reward 0 says 1 vs 3, reward 1 ties; group 2: reward 0 ties, reward 1 says 5 vs 1
     rewards = torch.tensor([[1.0, 0.0], [3.0, 0.0], [2.0, 5.0], [2.0, 1.0]])
     adv = decoupled_advantages(rewards, torch.tensor([1.0, 2.0]), group_size=2, eps=0.0)
-    s = torch.tensor([-1.0, 1.0, 2.0, -2.0]) / math.sqrt(2)             # weighted sums of the group z-scores
+    s = torch.tensor([-1.0, 1.0, 2.0, -2.0]) / math.sqrt(2)  # weighted sums of the group z-scores
     assert adv.tolist() == pytest.approx((s / s.std()).tolist(), abs=1e-6)
     none = torch.tensor([[float("nan"), float("nan")], [1.0, 0.0], [2.0, 0.0], [4.0, 0.0]])
-    assert decoupled_advantages(none, torch.ones(2), group_size=2)[0] == 0.0   # unscored: no signal
+    assert decoupled_advantages(none, torch.ones(2), group_size=2)[0] == 0.0  # unscored: no signal
 
 
 def test_is_weights_truncated_or_masked():
@@ -119,4 +129,4 @@ def test_is_weights_truncated_or_masked():
     close(w, [[0.0, 1.0, 0.0]])
     assert float(m["tis/clipped_frac"]) == pytest.approx(2 / 3)
     w, _ = truncated_is_weights(old, sampler, mask, "sequence", 2.0, mode="mask")
-    close(w, [[1.2]])                               # 0.4 * 1 * 3, inside the bounds
+    close(w, [[1.2]])  # 0.4 * 1 * 3, inside the bounds

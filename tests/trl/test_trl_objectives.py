@@ -18,7 +18,7 @@ from grpokit.core.loss import Filters, Variants, grpo_objective_from_logprobs, t
 
 trl = pytest.importorskip("trl")
 
-MAX_ABS_DIFF = 1e-6   # float32 arithmetic in a different order; observed differences are printed per case
+MAX_ABS_DIFF = 1e-6  # float32 arithmetic in a different order; observed differences are printed per case
 N, T = 6, 8
 
 
@@ -28,12 +28,15 @@ def batch(seed: int = 0) -> dict:
     lengths = torch.tensor([8, 5, 3, 8, 6, 4])
     mask = (torch.arange(T)[None] < lengths[:, None]).float()
     logprobs = -torch.rand(N, T, generator=g) * 3 - 0.05
-    return {"logprobs": logprobs, "mask": mask,
-            "entropy": torch.rand(N, T, generator=g) * 2,
-            "advantages": torch.tensor([1.2, -0.7, 0.4, -1.5, 0.0, 0.9]),
-            "old": logprobs + 0.3 * torch.randn(N, T, generator=g),
-            "ref": logprobs + 0.2 * torch.randn(N, T, generator=g),
-            "sampler": logprobs + 0.4 * torch.randn(N, T, generator=g)}
+    return {
+        "logprobs": logprobs,
+        "mask": mask,
+        "entropy": torch.rand(N, T, generator=g) * 2,
+        "advantages": torch.tensor([1.2, -0.7, 0.4, -1.5, 0.0, 0.9]),
+        "old": logprobs + 0.3 * torch.randn(N, T, generator=g),
+        "ref": logprobs + 0.2 * torch.randn(N, T, generator=g),
+        "sampler": logprobs + 0.4 * torch.randn(N, T, generator=g),
+    }
 
 
 def ours(b: dict, s: dict):
@@ -43,18 +46,31 @@ def ours(b: dict, s: dict):
     bonus = s.get("entropy_coef", 0.0) != 0.0 or s.get("use_adaptive_entropy", False)
     coef = s.get("entropy_coef", 0.0)
     if s.get("use_adaptive_entropy") and s.get("last_world_entropy", math.inf) > s.get("entropy_target", 0.2):
-        coef = 0.0                                     # the gate: no bonus above the target
+        coef = 0.0  # the gate: no bonus above the target
     variants = Variants(**{k: s[k] for k in Variants._fields if k in s})
-    filters = Filters(s.get("top_entropy_quantile", 1.0), s.get("off_policy_mask_threshold"),
-                      coef if bonus else None)
+    filters = Filters(
+        s.get("top_entropy_quantile", 1.0), s.get("off_policy_mask_threshold"), coef if bonus else None
+    )
     loss, _ = grpo_objective_from_logprobs(
-        logprobs, b.get("old"), b.get("ref"), b["mask"], b["advantages"], s.get("epsilon", 0.2),
-        s.get("beta", 0.0), clip_eps_high=s.get("epsilon_high"), delta=s.get("delta"),
+        logprobs,
+        b.get("old"),
+        b.get("ref"),
+        b["mask"],
+        b["advantages"],
+        s.get("epsilon", 0.2),
+        s.get("beta", 0.0),
+        clip_eps_high=s.get("epsilon_high"),
+        delta=s.get("delta"),
         loss_type=s.get("loss_type", "dapo"),
         importance_sampling_level=s.get("importance_sampling_level", "token"),
-        max_completion_length=s.get("max_completion_length", T), tis_weights=b.get("is_ratio"),
-        kl_bias_correction=s.get("use_bias_correction_kl", False), variants=variants, filters=filters,
-        entropy=entropy, sampler_logprobs=b.get("sampler"))
+        max_completion_length=s.get("max_completion_length", T),
+        tis_weights=b.get("is_ratio"),
+        kl_bias_correction=s.get("use_bias_correction_kl", False),
+        variants=variants,
+        filters=filters,
+        entropy=entropy,
+        sampler_logprobs=b.get("sampler"),
+    )
     d_logprobs, d_entropy = torch.autograd.grad(loss, (logprobs, entropy), allow_unused=True)
     return loss.detach(), d_logprobs, torch.zeros_like(entropy) if d_entropy is None else d_entropy
 
@@ -70,26 +86,54 @@ CASES = {
     "sapo_temperatures": {"loss_type": "sapo", "sapo_temperature_pos": 0.8, "sapo_temperature_neg": 1.6},
     "luspo_sequence": {"loss_type": "luspo", "importance_sampling_level": "sequence"},
     "vespo": {"loss_type": "vespo"},
-    "vespo_params": {"loss_type": "vespo", "vespo_k_pos": 1.5, "vespo_lambda_pos": 2.0, "vespo_k_neg": 2.5,
-                     "vespo_lambda_neg": 1.0},
+    "vespo_params": {
+        "loss_type": "vespo",
+        "vespo_k_pos": 1.5,
+        "vespo_lambda_pos": 2.0,
+        "vespo_k_neg": 2.5,
+        "vespo_lambda_neg": 1.0,
+    },
     "gspo_sequence_grpo": {"loss_type": "grpo", "importance_sampling_level": "sequence"},
     "kl_k3": {"loss_type": "grpo", "beta": 0.04},
     "kl_bias_corrected": {"loss_type": "dapo", "beta": 0.04, "use_bias_correction_kl": True},
-    "kl_bias_corrected_sequence": {"loss_type": "grpo", "beta": 0.1, "use_bias_correction_kl": True,
-                                   "importance_sampling_level": "sequence"},
+    "kl_bias_corrected_sequence": {
+        "loss_type": "grpo",
+        "beta": 0.1,
+        "use_bias_correction_kl": True,
+        "importance_sampling_level": "sequence",
+    },
     "entropy_bonus_dapo": {"loss_type": "dapo", "entropy_coef": 0.1},
-    "entropy_bonus_luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence",
-                            "entropy_coef": 0.3},
-    "entropy_adaptive_gate_open": {"loss_type": "grpo", "entropy_coef": 0.05, "use_adaptive_entropy": True,
-                                   "entropy_target": 0.5, "last_world_entropy": 0.3},
-    "entropy_adaptive_gate_closed": {"loss_type": "grpo", "entropy_coef": 0.05, "use_adaptive_entropy": True,
-                                     "entropy_target": 0.5, "last_world_entropy": 0.9},
+    "entropy_bonus_luspo": {
+        "loss_type": "luspo",
+        "importance_sampling_level": "sequence",
+        "entropy_coef": 0.3,
+    },
+    "entropy_adaptive_gate_open": {
+        "loss_type": "grpo",
+        "entropy_coef": 0.05,
+        "use_adaptive_entropy": True,
+        "entropy_target": 0.5,
+        "last_world_entropy": 0.3,
+    },
+    "entropy_adaptive_gate_closed": {
+        "loss_type": "grpo",
+        "entropy_coef": 0.05,
+        "use_adaptive_entropy": True,
+        "entropy_target": 0.5,
+        "last_world_entropy": 0.9,
+    },
     "top_entropy_quantile": {"loss_type": "dapo", "top_entropy_quantile": 0.3},
-    "top_entropy_quantile_with_bonus": {"loss_type": "grpo", "top_entropy_quantile": 0.5,
-                                        "entropy_coef": 0.2},
+    "top_entropy_quantile_with_bonus": {
+        "loss_type": "grpo",
+        "top_entropy_quantile": 0.5,
+        "entropy_coef": 0.2,
+    },
     "off_policy_mask": {"loss_type": "dapo", "off_policy_mask_threshold": 0.05},
-    "off_policy_mask_no_sampler": {"loss_type": "grpo", "off_policy_mask_threshold": 0.02,
-                                   "_no_sampler": True},
+    "off_policy_mask_no_sampler": {
+        "loss_type": "grpo",
+        "off_policy_mask_threshold": 0.02,
+        "_no_sampler": True,
+    },
 }
 BASE_KEYS = ("loss_type", "importance_sampling_level", "max_completion_length")
 
@@ -104,14 +148,14 @@ def test_loss_and_gradient_match_trl(name):
     mine = ours(b, s)
     diffs = [float((x - y).abs().max()) for x, y in zip(mine, theirs[:3])]
     print(f"{name}: max |diff| loss {diffs[0]:.2e}, d/dlogp {diffs[1]:.2e}, d/dH {diffs[2]:.2e}")
-    assert float(theirs[1].abs().max()) > 0                     # the batch exercises the gradient
+    assert float(theirs[1].abs().max()) > 0  # the batch exercises the gradient
     assert max(diffs) <= MAX_ABS_DIFF, diffs
     extra = set(s) - set(BASE_KEYS)
-    if extra and name != "entropy_adaptive_gate_closed":        # the option changes the loss on this batch
+    if extra and name != "entropy_adaptive_gate_closed":  # the option changes the loss on this batch
         plain = trl_loss(trl, b, {k: v for k, v in s.items() if k in BASE_KEYS})
         assert not all(torch.equal(x, y) for x, y in zip(plain[:3], theirs[:3])), f"{name}: a no-op here"
     bonus = s.get("entropy_coef", 0) and name != "entropy_adaptive_gate_closed"
-    assert bool(theirs[2].abs().max() > 0) == bool(bonus)       # only a bonus puts a gradient on H
+    assert bool(theirs[2].abs().max() > 0) == bool(bonus)  # only a bonus puts a gradient on H
 
 
 def trl_is_ratio(old, sampler, mask, mode: str, lo: float | None, hi: float | None) -> torch.Tensor:
@@ -151,10 +195,18 @@ def test_adaptive_entropy_coefficient_moves_as_trls():
 
     b = batch(2)
     for target in (0.5, 5.0):
-        s = {"loss_type": "dapo", "entropy_coef": 0.05, "use_adaptive_entropy": True,
-             "entropy_target": target, "entropy_coef_delta": 0.01, "last_world_entropy": 0.0}
+        s = {
+            "loss_type": "dapo",
+            "entropy_coef": 0.05,
+            "use_adaptive_entropy": True,
+            "entropy_target": target,
+            "entropy_coef_delta": 0.01,
+            "last_world_entropy": 0.0,
+        }
         trainer = trl_loss(trl, b, s)[3]
         step_entropy = float((b["entropy"] * b["mask"]).sum() / b["mask"].sum())
-        assert trainer.entropy_coef == pytest.approx(next_entropy_coef(
-            0.05, step_entropy, target=target, delta=0.01, coef_min=0.0, coef_max=1.0), abs=1e-9)
+        assert trainer.entropy_coef == pytest.approx(
+            next_entropy_coef(0.05, step_entropy, target=target, delta=0.01, coef_min=0.0, coef_max=1.0),
+            abs=1e-9,
+        )
         assert trainer._last_world_entropy == pytest.approx(step_entropy, rel=1e-6)

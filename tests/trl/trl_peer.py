@@ -15,28 +15,77 @@ import torch
 
 def one_process() -> SimpleNamespace:
     """An accelerate Accelerator of one process: every collective is the identity."""
-    return SimpleNamespace(num_processes=1, sync_gradients=True, gather=lambda x: x,
-                           gather_for_metrics=lambda x: x, reduce=lambda x, reduction="sum": x,
-                           pad_across_processes=lambda x, dim=0, pad_index=0: x)
+    return SimpleNamespace(
+        num_processes=1,
+        sync_gradients=True,
+        gather=lambda x: x,
+        gather_for_metrics=lambda x: x,
+        reduce=lambda x, reduction="sum": x,
+        pad_across_processes=lambda x, dim=0, pad_index=0: x,
+    )
 
 
 def trl_trainer(trl, settings: dict) -> object:
     """A `trl.GRPOTrainer` with the attributes `_compute_loss` reads, from a dict of TRL config values."""
-    s = {"loss_type": "dapo", "beta": 0.0, "epsilon": 0.2, "epsilon_high": None, "delta": None,
-         "importance_sampling_level": "token", "use_bias_correction_kl": False, "top_entropy_quantile": 1.0,
-         "off_policy_mask_threshold": None, "entropy_coef": 0.0, "use_adaptive_entropy": False,
-         "entropy_target": 0.2, "entropy_coef_delta": 0.005, "entropy_coef_min": 0.0, "entropy_coef_max": 1.0,
-         "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "vespo_k_pos": 2.0,
-         "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0, "use_vllm": False,
-         "max_completion_length": 8, "last_world_entropy": float("inf"), **settings}
+    s = {
+        "loss_type": "dapo",
+        "beta": 0.0,
+        "epsilon": 0.2,
+        "epsilon_high": None,
+        "delta": None,
+        "importance_sampling_level": "token",
+        "use_bias_correction_kl": False,
+        "top_entropy_quantile": 1.0,
+        "off_policy_mask_threshold": None,
+        "entropy_coef": 0.0,
+        "use_adaptive_entropy": False,
+        "entropy_target": 0.2,
+        "entropy_coef_delta": 0.005,
+        "entropy_coef_min": 0.0,
+        "entropy_coef_max": 1.0,
+        "sapo_temperature_pos": 1.0,
+        "sapo_temperature_neg": 1.05,
+        "vespo_k_pos": 2.0,
+        "vespo_lambda_pos": 3.0,
+        "vespo_k_neg": 3.0,
+        "vespo_lambda_neg": 2.0,
+        "use_vllm": False,
+        "max_completion_length": 8,
+        "last_world_entropy": float("inf"),
+        **settings,
+    }
     t = object.__new__(trl.GRPOTrainer)
-    t.args = SimpleNamespace(steps_per_generation=1, **{k: s[k] for k in (
-        "delta", "use_bias_correction_kl", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos",
-        "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "entropy_target", "entropy_coef_delta",
-        "entropy_coef_min", "entropy_coef_max")})
-    for name in ("loss_type", "beta", "importance_sampling_level", "top_entropy_quantile",
-                 "off_policy_mask_threshold", "entropy_coef", "use_adaptive_entropy", "use_vllm",
-                 "max_completion_length"):
+    t.args = SimpleNamespace(
+        steps_per_generation=1,
+        **{
+            k: s[k]
+            for k in (
+                "delta",
+                "use_bias_correction_kl",
+                "sapo_temperature_pos",
+                "sapo_temperature_neg",
+                "vespo_k_pos",
+                "vespo_lambda_pos",
+                "vespo_k_neg",
+                "vespo_lambda_neg",
+                "entropy_target",
+                "entropy_coef_delta",
+                "entropy_coef_min",
+                "entropy_coef_max",
+            )
+        },
+    )
+    for name in (
+        "loss_type",
+        "beta",
+        "importance_sampling_level",
+        "top_entropy_quantile",
+        "off_policy_mask_threshold",
+        "entropy_coef",
+        "use_adaptive_entropy",
+        "use_vllm",
+        "max_completion_length",
+    ):
         setattr(t, name, s[name])
     t.epsilon_low = s["epsilon"]
     t.epsilon_high = s["epsilon_high"] if s["epsilon_high"] is not None else s["epsilon"]
@@ -64,11 +113,20 @@ def trl_loss(trl, batch: dict, settings: dict) -> tuple[torch.Tensor, torch.Tens
     entropy = batch["entropy"].clone().requires_grad_(True)
     t._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logprobs, entropy, None)
     N, T = batch["mask"].shape
-    inputs = {"prompt_ids": torch.zeros(N, 1, dtype=torch.long), "prompt_mask": torch.ones(N, 1),
-              "completion_ids": torch.zeros(N, T, dtype=torch.long), "completion_mask": batch["mask"],
-              "advantages": batch["advantages"], "num_items_in_batch": batch["mask"].sum()}
-    for ours, theirs in (("old", "old_per_token_logps"), ("ref", "ref_per_token_logps"),
-                         ("sampler", "sampling_per_token_logps"), ("is_ratio", "importance_sampling_ratio")):
+    inputs = {
+        "prompt_ids": torch.zeros(N, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(N, 1),
+        "completion_ids": torch.zeros(N, T, dtype=torch.long),
+        "completion_mask": batch["mask"],
+        "advantages": batch["advantages"],
+        "num_items_in_batch": batch["mask"].sum(),
+    }
+    for ours, theirs in (
+        ("old", "old_per_token_logps"),
+        ("ref", "ref_per_token_logps"),
+        ("sampler", "sampling_per_token_logps"),
+        ("is_ratio", "importance_sampling_ratio"),
+    ):
         if batch.get(ours) is not None:
             inputs[theirs] = batch[ours]
     loss = trl.GRPOTrainer._compute_loss(t, None, inputs)

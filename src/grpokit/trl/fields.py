@@ -29,13 +29,12 @@ REASONS = {
     "hub": "hub upload: grpokit writes locally only (push output_dir/final yourself)",
     "launch": "distributed setup: grpokit reads torchrun's environment and uses PyTorch DDP / FSDP2 "
               "(run.fsdp) with their defaults; no DeepSpeed or accelerate config",
-    "data": "data loading: grpokit draws prompts in-process, in a seeded random order per epoch, with no "
-            "DataLoader",
+    "data": "data loading: grpokit draws prompts in-process, in a seeded random order per epoch (dataset "
+            "order with shuffle_dataset=False), with no DataLoader",
     "precision": "precision and kernels: grpokit computes in fp32 or bf16 (model.precision) with its own "
-                 "kernels; no fp16 loss scaling, tf32, torch.compile, Liger, NEFTune or padding to a "
-                 "multiple",
-    "eval": "evaluation: grpokit evaluates eval_dataset (greedy, every reward) before and after training and "
-            "every eval_steps; no other evaluation loop",
+                 "kernels; no fp16 loss scaling, tf32, torch.compile, Liger or NEFTune",
+    "eval": "evaluation: TRL's (loss and rewards on sampled completions) every eval_steps with "
+            "eval_strategy='steps', and on evaluate(); grpokit's greedy one before and after training",
     "save": "checkpoints: grpokit saves full, verified checkpoints every save_steps and keeps the newest "
             "save_total_limit; no best-model tracking or partial checkpoints",
     "logging": "logging: grpokit writes every step to metrics.jsonl, the console every logging_steps, "
@@ -312,19 +311,35 @@ def mapping_table() -> str:
     return "\n".join(rows)
 
 
-TABLE_START, TABLE_END = "<!-- trl-mapping:start -->", "<!-- trl-mapping:end -->"
+def refused_summary() -> str:
+    """How many fields are refused away from TRL's default, and why (the docs' count, generated)."""
+    by_reason: dict[str, int] = {}
+    for f in FIELDS.values():
+        if f.kind == REFUSE:
+            by_reason[f.target] = by_reason.get(f.target, 0) + 1
+    ranked = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = ", ".join(f"{reason} {n}" for reason, n in ranked)
+    return (f"**{sum(by_reason.values())} of {len(FIELDS)} fields are refused** away from TRL's default "
+            f"(by reason: {parts}); the others are mapped, used by the trainer, or accepted with no effect.")
+
+
+BLOCKS = {"trl-mapping": mapping_table, "trl-refused": refused_summary}   # marker name -> generator
 
 
 def sync_docs(path: str | Path) -> bool:
-    """Rewrite the mapping table between the markers of a Markdown file; True when it changed.
+    """Rewrite every generated block (between <!-- name:start --> and <!-- name:end -->) of a Markdown file;
+    True when it changed.
 
         python scripts/update_trl_docs.py        # docs/coming_from_trl.md
     """
     page = Path(path)
-    text = page.read_text(encoding="utf-8")
-    head, _, rest = text.partition(TABLE_START)
-    _, _, tail = rest.partition(TABLE_END)
-    new = f"{head}{TABLE_START}\n{mapping_table()}\n{TABLE_END}{tail}"
-    if new != text:
-        page.write_text(new, encoding="utf-8")
-    return new != text
+    text = original = page.read_text(encoding="utf-8")
+    for name, generate in BLOCKS.items():
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        head, found, rest = text.partition(start)
+        if found:
+            _, _, tail = rest.partition(end)
+            text = f"{head}{start}\n{generate()}\n{end}{tail}"
+    if text != original:
+        page.write_text(text, encoding="utf-8")
+    return text != original

@@ -205,7 +205,8 @@ class GRPOTrainer:
                             off_policy_threshold: float) -> Any:
         """TRL's helper: DeepSeek-V3.2's off-policy sequence mask, 1 keep / 0 drop ([N, 1];
         grpokit.core.token_masks.off_policy_mask)."""
-        return off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)
+        return off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask,
+                               off_policy_threshold)
 
     def add_callback(self, callback: Any) -> None:
         self.callback_handler.callbacks.append(callback() if isinstance(callback, type) else callback)
@@ -240,7 +241,7 @@ class GRPOTrainer:
             resume_from_checkpoint: True (or the newest checkpoint's path) continues the run in
                 output_dir bit-identically; None takes args.resume_from_checkpoint.
         """
-        from transformers.trainer_utils import TrainOutput   # transformers' trainer module: loaded when used
+        from transformers.trainer_utils import TrainOutput  # transformers' trainer module: loaded when used
 
         if kwargs or trial is not None:
             raise ConfigError(f"train() got {', '.join(kwargs) or 'trial'}: grpokit's train takes "

@@ -5,9 +5,15 @@ from __future__ import annotations
 import torch
 
 # The only reasons a case may be skipped for.
-SKIP = {"gpu": "needs a GPU", "liger": "needs liger", "bnb": "needs bitsandbytes", "vlm": "needs a VLM processor",
-        "private": "checks a private TRL helper with no user-facing behaviour",
-        "agents": "agents: issue 44, merged separately"}
+SKIP = {
+    "gpu": "needs a GPU",
+    "liger": "needs liger",
+    "bnb": "needs bitsandbytes",
+    "vlm": "needs a VLM processor",
+    "private": "checks a private TRL helper with no user-facing behaviour",
+    "agents": "agents: issue 44, merged separately",
+}
+
 
 def text_of(completion) -> str:
     return completion[0]["content"] if isinstance(completion, list) else completion
