@@ -210,3 +210,49 @@ def test_adaptive_entropy_coefficient_moves_as_trls():
             abs=1e-9,
         )
         assert trainer._last_world_entropy == pytest.approx(step_entropy, rel=1e-6)
+
+
+def tiny_trl_run(tmp_path, aggregation: str):
+    """One real TRL 1.16 step with two reward functions: its logged rewards and advantages."""
+    import datasets
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from grpokit.model.loading import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+
+    def letters(completions, **kwargs):
+        return [float(len(set(c))) for c in completions]
+
+    def vowels(completions, **kwargs):
+        return [float(sum(ch in "aeiou" for ch in c)) for c in completions]
+
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                          max_completion_length=8, max_steps=1, report_to="none", bf16=False,
+                          save_strategy="no", reward_weights=[0.5, 2.0],
+                          multi_objective_aggregation=aggregation)
+    data = datasets.Dataset.from_list([{"prompt": p} for p in ("ab", "cd", "ef", "gh")])
+    trainer = trl.GRPOTrainer(model=str(tmp_path / "m"), reward_funcs=[letters, vowels], args=args,
+                              train_dataset=data)
+    trainer.train()
+    logs = trainer._logs
+    rewards = torch.tensor([list(logs["rewards"]["letters"]), list(logs["rewards"]["vowels"])]).T   # [N, 2]
+    return rewards, torch.tensor(list(logs["advantages"]))
+
+
+def test_normalize_then_sum_advantages_match_trl(tmp_path):
+    """GDPO's advantages from TRL 1.16's own run: its logged rewards through `decoupled_advantages` give its
+    logged advantages."""
+    from grpokit.core.advantages import decoupled_advantages
+
+    rewards, theirs = tiny_trl_run(tmp_path, "normalize_then_sum")
+    ours = decoupled_advantages(rewards, torch.tensor([0.5, 2.0]), group_size=4)
+    print(f"normalize_then_sum: max |diff| {float((ours - theirs).abs().max()):.2e}")
+    assert float(theirs.abs().max()) > 0
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
