@@ -1,4 +1,5 @@
-"""Regenerate the field-by-field table of docs/coming_from_trl.md from grpokit/trl/fields.py.
+"""Regenerate the generated parts of docs/coming_from_trl.md (the field-by-field table and the refused count)
+from grpokit/trl/fields.py.
 
     python scripts/update_trl_docs.py
 """

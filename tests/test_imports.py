@@ -164,7 +164,8 @@ def test_pure_math_pulls_in_no_kernel_sampler_trainer_or_transformers():
     loaded = json.loads(out.stdout)
     assert not [m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY)], loaded
     assert set(loaded) == {"grpokit", "grpokit.core", "grpokit.core.advantages", "grpokit.core.loss",
-                           "grpokit.core.ppo", "grpokit.config", "grpokit.config.choices"}
+                           "grpokit.core.ppo", "grpokit.core.policy_terms", "grpokit.core.entropy",
+                           "grpokit.core.token_masks", "grpokit.config", "grpokit.config.choices"}
 
 
 def test_core_imports_only_core_and_the_choices():

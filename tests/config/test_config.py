@@ -18,7 +18,8 @@ BAD = [
     ({"rollout.max_completion_length": 0}, "rollout.max_completion_length must be > 0, got 0"),
     ({"rollout.max_prompt_length": -3}, "rollout.max_prompt_length must be > 0, got -3"),
     ({"loss.loss_type": "grp"},
-     "loss.loss_type must be one of grpo, bnpo, dr_grpo, dapo, got 'grp' (did you mean 'grpo'?)"),
+     "loss.loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo, got 'grp' (did you "
+     "mean 'grpo'?)"),
     ({"loss.beta": "high"}, "loss.beta must be a float, got 'high': change it to a float"),
     ({"rollout.num_generations": 2.5}, "rollout.num_generations must be a int, got 2.5: change it to a int"),
     ({"loss.epsilon_high": 0.1}, "loss.epsilon_high (0.1) must be >= loss.epsilon (0.2)"),
@@ -89,9 +90,11 @@ def test_each_choice_is_declared_once_and_help_validation_and_switch_derive_from
     found = choices(GRPOConfig())
     assert found["loss.loss_type"] == typing.get_args(ch.LossType) == LOSS_TYPES
     assert found["loss.scale_rewards"] == typing.get_args(ch.ScaleRewards) == SCALE_MODES
-    assert len(found) == 19 and found["rollout.backend"] == ("auto", "fast", "generate", "vllm")
+    assert len(found) == 21 and found["rollout.backend"] == ("auto", "fast", "generate", "vllm")
     help_text = {f.name: f.metadata["help"] for f in dataclasses.fields(LossConfig)}
-    assert help_text["loss_type"] == "grpo (eq. 3) | bnpo | dr_grpo | dapo"
+    assert help_text["loss_type"].startswith("grpo (eq. 3) | bnpo | dr_grpo | dapo (token mean over the "
+                                             "batch) | "
+                                             "cispo (MiniMax-M1) | sapo (soft gate) |")
     with pytest.raises(ConfigError, match=r"loss.loss_type must be one of grpo, bnpo, dr_grpo, dapo.*'dapo'"):
         build_config({"loss.loss_type": "dapoo"})
     with pytest.raises(ConfigError, match="rm.objective must be one of pointwise, pairwise"):

@@ -78,7 +78,7 @@ def test_delta_bounds_the_unclipped_ratio():
     assert float(loss) == pytest.approx(want, abs=1e-9)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"])
 def test_micro_batches_accumulate_to_the_big_batch_gradient(loss_type):
     new, old, ref, mask, adv = random_batch(7)
     kw = dict(loss_type=loss_type, max_completion_length=9)
@@ -198,7 +198,7 @@ def test_invalid_combinations(values, message):
     assert str(e.value) == message
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "luspo", "vespo"])
 def test_trainer_micro_batches_give_the_big_batch_loss_and_gradients(tmp_path, monkeypatch, loss_type):
     """One update with micro_batch_size=8 (4 micro-batches) equals one pass over all 32 completions."""
     from grpokit.observe.metrics import PhaseTimer

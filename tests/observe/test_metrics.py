@@ -59,7 +59,13 @@ def test_tensor_and_length_stats():
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
     ls = length_stats(mask, torch.tensor([False, True, False]))
     assert ls == pytest.approx({"completion_length_mean": 8 / 3, "completion_length_min": 1.0,
-                                "completion_length_max": 4.0, "frac_truncated": 1 / 3})
+                                "completion_length_max": 4.0, "frac_truncated": 1 / 3,
+                                # the two that ended (lengths 3 and 1): TRL's completions/*_terminated_length
+                                "completion_length_terminated_mean": 2.0,
+                                "completion_length_terminated_min": 1.0,
+                                "completion_length_terminated_max": 3.0})
+    ended = length_stats(mask, torch.tensor([True, True, True]))
+    assert ended["completion_length_terminated_mean"] == 0.0         # none ended: 0, as TRL logs it
 
 
 # ---------------------------------------------------------------------------------------------

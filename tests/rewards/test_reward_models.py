@@ -235,8 +235,8 @@ def test_loader_options_and_the_python_api(tmp_path, char_tokenizer):
     assert RewardModel.from_path(outcome).kind == "outcome"
     prm = get_reward_function(f"rm:{process}", rm=RMConfig(step_separator=". "))
     assert prm.process and prm.step_separator == "\n"  # the separator the folder was trained with wins
-    triples = reward_triples([tiny_rm(char_tokenizer), tiny_rm(char_tokenizer, "process"), f"rm:{process}"],
-                             None, [char_tokenizer, char_tokenizer, None])
+    models = [tiny_rm(char_tokenizer), tiny_rm(char_tokenizer, "process"), f"rm:{process}"]
+    triples, _ = reward_triples(models, None, [char_tokenizer, char_tokenizer, None])
     kinds = [type(fn).__name__ for _, fn, _ in triples]
     assert kinds == ["RewardModel", "ProcessRewardModel", "ProcessRewardModel"]
     assert isinstance(reward_model_for(tiny_rm(char_tokenizer, "process"), char_tokenizer),

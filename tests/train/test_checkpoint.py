@@ -293,3 +293,18 @@ def test_the_final_export_is_swapped_in_whole(full_run, tmp_path, monkeypatch):
         save_final(state, final)
     assert_same(weights(final), before)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
+
+
+def test_adaptive_entropy_resumes_bit_identically(tmp_path):
+    """The adaptive entropy coefficient and its last measurement are checkpointed: a resumed run applies
+    the same bonus as an uninterrupted one."""
+    adaptive = {"loss.entropy_coef": 0.05, "loss.use_adaptive_entropy": True, "loss.entropy_target": 9.0,
+                "loss.entropy_coef_delta": 0.01, "run.max_steps": 4}
+    whole = train_grpo(tiny(tmp_path / "whole", **adaptive))
+    assert whole.entropy_coef == pytest.approx(0.05 + 4 * 0.01) and whole.last_entropy < 9.0
+    out = tmp_path / "split"
+    train_grpo(tiny(out, **{**adaptive, "run.max_steps": 2}))
+    resumed = train_grpo(tiny(out, **{**adaptive, "run.resume": True}))
+    assert (resumed.entropy_coef, resumed.last_entropy) == (whole.entropy_coef, whole.last_entropy)
+    assert_same(weights(out / "final"), weights(tmp_path / "whole" / "final"))
+    assert [r["entropy_coef"] for r in read_metrics(out)] == pytest.approx([0.06, 0.07, 0.08, 0.09])

@@ -112,7 +112,7 @@ def test_a_nan_gradient_with_a_finite_loss_is_skipped(tmp_path, monkeypatch):
 
 def test_nan_advantages_are_caught_before_the_update(tmp_path, monkeypatch):
     real = step_mod.compute_advantages
-    monkeypatch.setattr(step_mod, "compute_advantages", lambda *a: real(*a) * float("nan"))
+    monkeypatch.setattr(step_mod, "compute_advantages", lambda *a, **k: real(*a, **k) * float("nan"))
     state = train_grpo(tiny(tmp_path / "run", **{"run.max_steps": 2, "run.max_bad_steps": 3}))
     assert [r["skipped_updates"] for r in read_metrics(tmp_path / "run")] == [1, 2]
     assert state.bad_steps == 2 and all(torch.isfinite(p).all() for p in state.model.parameters())

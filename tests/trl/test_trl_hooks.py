@@ -73,7 +73,7 @@ class StopAtTwo:
                     control.should_training_stop = True
 
             def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-                self.events.append(f"evaluate:{metrics['tag']}")
+                self.events.append(f"evaluate:{metrics.get('tag', 'trl')}")   # tag: grpokit's greedy ones
 
             def on_save(self, args, state, control, **kwargs):
                 self.events.append(f"save:{state.global_step}")
@@ -114,7 +114,9 @@ def test_callback_stops_training_and_log_metric_reaches_metrics_jsonl(tiny_model
     card = (tmp_path / "final" / "README.md").read_text()
     assert "held-out problems: 2" in card and "mean rewards/counted" in card   # the before/after table
     assert trainer._train_state.ref_model is not tiny_model                       # beta > 0: a frozen copy
-    assert trainer.evaluate()["eval_rewards/counted"] >= 0
+    metrics = trainer.evaluate()                                  # TRL's: sampled, with the loss
+    assert metrics["eval_rewards/counted/mean"] >= 0 and "eval_loss" in metrics
+    assert callback.events[-1] == "evaluate:trl"
 
 
 def test_a_reward_model_scores_by_its_logit(char_tokenizer, tmp_path):

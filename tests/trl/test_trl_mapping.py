@@ -72,7 +72,9 @@ def test_copied_fields_reach_their_grpokit_key():
         default = FIELDS[name].default
         value = {"importance_sampling_level": "sequence", "vllm_mode": "server", "epsilon_high": 0.3,
                  "delta": 2.0, "top_p": 0.5, "vllm_gpu_memory_utilization": 0.5, "num_generations": 4,
-                 "epsilon": 0.1, "adam_beta1": 0.8, "adam_beta2": 0.9}.get(name, _other_value(default))
+                 "epsilon": 0.1, "adam_beta1": 0.8, "adam_beta2": 0.9, "adam_epsilon": 1e-6,
+                 "multi_objective_aggregation": "normalize_then_sum", "top_entropy_quantile": 0.2,
+                 "entropy_coef_max": 8.0, "off_policy_mask_threshold": 0.5}.get(name, _other_value(default))
         t = translate(GRPOConfig(**{name: value}), num_prompts=64)
         assert t.overrides[key] == value, name
 
@@ -86,7 +88,8 @@ def test_derived_fields_translate():
     o = t.overrides
     assert (o["rollout.prompts_per_step"], o["optim.micro_batch_size"]) == (2, 4)   # 16 completions / G=8
     assert o["run.max_steps"] == 20 and o["run.logging_steps"] == 5 and o["optim.warmup_steps"] == 2
-    assert o["run.save_steps"] == 0 and o["run.eval_steps"] == 5 and o["loss.ref_model_sync_steps"] == 512
+    assert o["run.save_steps"] == 0 and o["loss.ref_model_sync_steps"] == 512
+    assert o["run.eval_steps"] == 0 and t.trainer["eval_steps"] == 5    # TRL's evaluation runs at eval_steps
     assert o["loss.scale_rewards"] == "none" and o["optim.lr_scheduler_type"] == "constant"
     assert o["model.dtype"] == "bfloat16" and o["rollout.top_k"] == 0
     cfg = build_config(o)

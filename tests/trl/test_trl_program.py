@@ -83,8 +83,8 @@ def check_program(trainer, seen, out_dir):
     assert all(s in {"3", "7", "11", "15", "4", "10"} for s in first["solution"])  # the dataset column
     assert "log_metric" in first["kwargs"] and "log_extra" in first["kwargs"]
     rows = [r for r in trainer.state.log_history if "reward" in r]
-    assert len(rows) == 3
-    assert all("rewards/brevity/mean" in r and "rewards/accuracy_reward" in r for r in rows)
+    assert len(rows) == 1 and "train_loss" in rows[0]   # logging_steps=10 > 3 steps: TRL's last row has them
+    assert "rewards/brevity/mean" in rows[0] and "rewards/accuracy_reward/std" in rows[0]
     final = trainer.save_model(str(out_dir / "exported"))
     model = AutoModelForCausalLM.from_pretrained(final)
     assert model.config.model_type == "llama"

@@ -4,8 +4,10 @@ before/after table and plot."""
 from __future__ import annotations
 
 import argparse
+import logging
 
 from grpokit.config.run_config import describe, train_config
+from grpokit.config.validation import objective_warnings
 from grpokit.observe.demo import before_after_table, demo_plot
 from grpokit.train.loop import train_grpo
 
@@ -20,6 +22,8 @@ def main(argv: list[str]) -> int:
     overrides = args.items[1:] if path else args.items
     cfg = train_config(path, overrides, resume=args.resume, overwrite=args.overwrite)
     print(describe(cfg), flush=True)
+    for warning in objective_warnings(cfg):   # valid, but probably not what was meant
+        logging.getLogger("grpokit").warning(warning)
     state = train_grpo(cfg)
     if not state.dist.is_main:   # under torchrun rank 0 alone reports and draws the plot
         return 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpokit.config.choices import (
+    Aggregation,
     Algorithm,
     AnswerFormat,
     Backend,
@@ -30,6 +31,7 @@ from grpokit.config.choices import (
     StepLabels,
     TaskName,
     TISLevel,
+    TISMode,
     TruncatePrompt,
     VLLMMode,
 )
@@ -62,7 +64,12 @@ class ModelConfig:
                               "the device has native bf16 matmul and the model is large enough "
                               "(grpokit.model.precision)")
     device: str = _f("auto", "auto (cuda if available, else cpu) | cpu | cuda | cuda:N")
+    trust_remote_code: bool = _f(False, "run the modeling code shipped in the model folder (transformers' "
+                                 "trust_remote_code); only for folders you trust")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward (less memory)")
+    cast_lm_head_to_fp32: bool = _f(False, "16-bit weights: keep the lm-head (and its logits) in float32, "
+                                    "for "
+                                    "precise log-probs (TRL's cast_lm_head_to_fp32)")
     lora_r: int = _f(0, "LoRA rank; 0 trains all weights (LoRA needs the [peft] extra)")
     lora_alpha: int = _f(16, "LoRA scaling alpha")
     lora_dropout: float = _f(0.0, "LoRA dropout")
@@ -76,6 +83,8 @@ class TaskConfig:
                              "the rewards")
     path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl / hf")
     train_split: str = _f("train", "split the policy trains on")
+    shuffle: bool = _f(True, "draw training prompts in a seeded random order each epoch; false: in data "
+                       "order")
     eval_split: str = _f("test", "held-out split for evaluation")
     prompt_column: str = _f("prompt", "jsonl task: column holding the question")
     answer_column: str = _f("answer", "jsonl task: column holding the reference answer")
@@ -145,7 +154,30 @@ class RewardConfig:
 
 @dataclass
 class LossConfig:
-    loss_type: LossType = _choice(LossType, "grpo", grpo="eq. 3")
+    loss_type: LossType = _choice(LossType, "grpo", grpo="eq. 3", dapo="token mean over the batch",
+                                  cispo="MiniMax-M1", sapo="soft gate", luspo="length-weighted GSPO",
+                                  vespo="Gamma-weighted sequence ratio",
+                                  after=" (grpokit.core.loss, grpokit.core.policy_terms)")
+    sapo_temperature_pos: float = _f(1.0, "loss_type=sapo: gate temperature for A > 0")
+    sapo_temperature_neg: float = _f(1.05, "loss_type=sapo: gate temperature for A <= 0")
+    vespo_k_pos: float = _f(2.0, "loss_type=vespo: power k of the sequence ratio for A >= 0")
+    vespo_lambda_pos: float = _f(3.0, "loss_type=vespo: decay lambda of the sequence ratio for A >= 0")
+    vespo_k_neg: float = _f(3.0, "loss_type=vespo: power k of the sequence ratio for A < 0")
+    vespo_lambda_neg: float = _f(2.0, "loss_type=vespo: decay lambda of the sequence ratio for A < 0")
+    top_entropy_quantile: float = _f(1.0, "rho: the policy term trains only the top-rho tokens by entropy "
+                                     "(80/20 rule, 0.2 recommended); 1 = all tokens")
+    off_policy_mask_threshold: float | None = _f(None, "drop negative-advantage completions whose mean "
+                                                 "per-token drift from the sampler exceeds this "
+                                                 "(DeepSeek-V3.2); "
+                                                 "None = off")
+    entropy_coef: float = _f(0.0, "entropy bonus c: loss - c * mean token entropy (the starting c when "
+                             "adaptive)")
+    use_adaptive_entropy: bool = _f(False, "Skywork-OR1: c += entropy_coef_delta while the step's entropy <= "
+                                    "entropy_target, else -=; applied only at or below the target")
+    entropy_coef_min: float = _f(0.0, "adaptive entropy: lower bound of c")
+    entropy_coef_max: float = _f(1.0, "adaptive entropy: upper bound of c")
+    entropy_coef_delta: float = _f(0.005, "adaptive entropy: change of c per optimizer step")
+    entropy_target: float = _f(0.2, "adaptive entropy: target mean token entropy (nats)")
     beta: float = _f(0.04, "KL coefficient; 0 loads no reference model")
     epsilon: float = _f(0.2, "clip range low: ratio >= 1 - epsilon")
     epsilon_high: float | None = _f(None, "clip range high (DAPO clip-higher); None = epsilon")
@@ -153,6 +185,9 @@ class LossConfig:
     importance_sampling_level: ImportanceSamplingLevel = _choice(ImportanceSamplingLevel, "token",
                                                                  token="eq. 3", sequence="GSPO")
     scale_rewards: ScaleRewards = _choice(ScaleRewards, "group", none="Dr. GRPO: centre only")
+    multi_objective_aggregation: Aggregation = _choice(
+        Aggregation, "sum_then_normalize", sum_then_normalize="weighted sum, then scale_rewards",
+        normalize_then_sum="GDPO: each reward normalized in its group, weighted sum, then batch-normalized")
     num_iterations: int = _f(1, "mu: policy updates per generation batch")
     kl_in_reward: bool = _f(False, "subtract beta * KL from the reward instead of the loss")
     use_bias_correction_kl: bool = _f(False, "weight the per-token KL by the importance ratio (gradient "
@@ -163,7 +198,12 @@ class LossConfig:
     ref_model_mixup_alpha: float = _f(1.0, "a in the reference reset (1.0 = the paper's reset)")
     tis_level: TISLevel = _choice(TISLevel, "token", before="backend=vllm: truncated importance sampling "
                                   "of the sampler/trainer mismatch, per ", none="loss.truncated_is_weights")
-    tis_cap: float = _f(2.0, "backend=vllm: cap C on the importance weight min(pi_old / pi_sampler, C)")
+    tis_cap: float | None = _f(2.0, "backend=vllm: upper bound C_max on the importance weight pi_old / "
+                               "pi_sampler (None = none)")
+    tis_min: float | None = _f(None, "backend=vllm: lower bound C_min on the importance weight (None = none)")
+    tis_mode: TISMode = _choice(TISMode, "truncate", before="backend=vllm: weights outside "
+                                "[tis_min, tis_cap] "
+                                "are ", truncate="clamped", mask="zeroed (masked IS)")
     algorithm: Algorithm = _choice(Algorithm, "grpo", grpo="group baseline, no critic",
                                    ppo="value-model baseline, for comparison")
     gamma: float = _f(1.0, "ppo: GAE discount gamma")
@@ -178,6 +218,7 @@ class OptimConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_beta1: float = _f(0.9, "AdamW beta1")
     adam_beta2: float = _f(0.99, "AdamW beta2")
+    adam_epsilon: float = _f(1e-8, "AdamW epsilon")
     max_grad_norm: float = _f(1.0, "gradient clipping norm; 0 disables")
     lr_scheduler_type: LRScheduler = _choice(LRScheduler, "constant", linear="decay to 0 at max_steps")
     warmup_steps: int = _f(0, "linear warm-up steps")

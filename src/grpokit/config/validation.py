@@ -70,8 +70,13 @@ def _check_rollout(cfg: GRPOConfig) -> None:
            f"rollout.max_resample_rounds must be >= 0, got {r.max_resample_rounds}")
     _check(0 < r.vllm_gpu_memory_utilization <= 1,
            f"rollout.vllm_gpu_memory_utilization must be in (0, 1], got {r.vllm_gpu_memory_utilization}")
-    _check(cfg.loss.tis_cap >= 1,
-           f"loss.tis_cap must be >= 1 (weights above it are truncated), got {cfg.loss.tis_cap}")
+    lo = cfg.loss
+    _check(lo.tis_cap is None or lo.tis_cap >= 1,
+           f"loss.tis_cap must be >= 1 (weights above it are truncated), got {lo.tis_cap}")
+    _check(lo.tis_min is None or 0 <= lo.tis_min < (lo.tis_cap or float("inf")),
+           f"loss.tis_min must be in [0, loss.tis_cap), got {lo.tis_min}")
+    _check(lo.tis_mode == "mask" or lo.tis_cap is not None or lo.tis_min is not None,
+           "loss.tis_mode=truncate needs a bound: set loss.tis_cap (or loss.tis_min)")
     _check(r.reuse_activations in (False, True, "auto"),
            f"rollout.reuse_activations must be true, false or auto, got {r.reuse_activations!r}")
     for name, value in (("generation_batch_size", r.generation_batch_size),):
@@ -121,6 +126,7 @@ def _check_loss(cfg: GRPOConfig) -> None:
     _check(0 < lo.ref_model_mixup_alpha <= 1,
            f"loss.ref_model_mixup_alpha must be in (0, 1], got {lo.ref_model_mixup_alpha}")
     _check(not (lo.kl_in_reward and lo.beta == 0), "loss.kl_in_reward needs loss.beta > 0")
+    _check_objective_variants(cfg)
     _check(0 <= lo.gamma <= 1 and 0 <= lo.lam <= 1, f"loss.gamma and loss.lam must be in [0, 1], got "
            f"{lo.gamma} and {lo.lam}")
     _check(lo.vf_coef > 0, f"loss.vf_coef must be > 0, got {lo.vf_coef}")
@@ -132,11 +138,37 @@ def _check_loss(cfg: GRPOConfig) -> None:
            "loss.algorithm=grpo")
 
 
+def _check_objective_variants(cfg: GRPOConfig) -> None:
+    """The loss types of grpokit.core.policy_terms, the token filters and the entropy bonus."""
+    lo = cfg.loss
+    _check(lo.sapo_temperature_pos > 0 and lo.sapo_temperature_neg > 0,
+           "loss.sapo_temperature_pos and loss.sapo_temperature_neg must be > 0")
+    _check(min(lo.vespo_k_pos, lo.vespo_lambda_pos, lo.vespo_k_neg, lo.vespo_lambda_neg) >= 0,
+           "loss.vespo_k_pos, vespo_lambda_pos, vespo_k_neg and vespo_lambda_neg must be >= 0")
+    _check(0 <= lo.top_entropy_quantile <= 1,
+           f"loss.top_entropy_quantile must be in [0, 1] (1 = all tokens), got {lo.top_entropy_quantile}")
+    _check(lo.off_policy_mask_threshold is None or lo.off_policy_mask_threshold >= 0,
+           f"loss.off_policy_mask_threshold must be >= 0 or None, got {lo.off_policy_mask_threshold}")
+    _check(0 <= lo.entropy_coef_min <= lo.entropy_coef_max,
+           f"loss.entropy_coef_min ({lo.entropy_coef_min}) must be in [0, loss.entropy_coef_max "
+           f"({lo.entropy_coef_max})]")
+    _check(lo.entropy_coef_delta >= 0, f"loss.entropy_coef_delta must be >= 0, got {lo.entropy_coef_delta}")
+    _check(lo.algorithm == "grpo" or (lo.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo")
+                                      and lo.entropy_coef == 0 and not lo.use_adaptive_entropy),
+           f"loss.algorithm=ppo compares against the clipped objective: use loss.loss_type grpo, bnpo, "
+           f"dr_grpo "
+           f"or dapo and no entropy bonus (got {lo.loss_type})")
+    _check(lo.loss_type != "vespo" or cfg.rollout.backend != "vllm" or lo.tis_level in ("token", "none"),
+           "loss.loss_type=vespo folds the sampler correction into its per-token weights: set "
+           "loss.tis_level=token (or none)")
+
+
 def _check_optim_and_run(cfg: GRPOConfig) -> None:
     o, run = cfg.optim, cfg.run
     _check(o.learning_rate > 0, f"optim.learning_rate must be > 0, got {o.learning_rate}")
     _check(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
     _check(0 <= o.adam_beta1 < 1 and 0 <= o.adam_beta2 < 1, "optim.adam_beta1/adam_beta2 must be in [0, 1)")
+    _check(o.adam_epsilon > 0, f"optim.adam_epsilon must be > 0, got {o.adam_epsilon}")
     _check(o.max_grad_norm >= 0, f"optim.max_grad_norm must be >= 0 (0 disables), got {o.max_grad_norm}")
     _check(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     _check(o.micro_batch_size >= 0, f"optim.micro_batch_size must be >= 0, got {o.micro_batch_size}")
@@ -226,3 +258,20 @@ def validate(cfg: GRPOConfig) -> None:
     for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_loss,
                   _check_optim_and_run, _check_reward_model_task, _check_reward_models):
         check(cfg)
+
+
+def objective_warnings(cfg: GRPOConfig) -> list[str]:
+    """Valid but probably unintended objective settings, one line each (the trainers log them)."""
+    lo, out = cfg.loss, []
+    if lo.importance_sampling_level == "sequence" and lo.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+        out.append(f"loss.importance_sampling_level=sequence with loss.loss_type={lo.loss_type}: the loss "
+                   "sums "
+                   "token terms, so each completion's sequence ratio counts once per token (weighted by its "
+                   "completion length), not GSPO's per-sequence objective: use loss.loss_type=grpo for GSPO")
+    if lo.loss_type == "luspo" and lo.importance_sampling_level != "sequence":
+        out.append("loss.loss_type=luspo is a sequence-level objective: set "
+                   "loss.importance_sampling_level=sequence, as in the LUSPO paper")
+    if lo.loss_type == "vespo" and lo.importance_sampling_level != "token":
+        out.append("loss.loss_type=vespo weights the whole sequence ratio itself: leave "
+                   "loss.importance_sampling_level=token")
+    return out

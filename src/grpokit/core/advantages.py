@@ -11,6 +11,15 @@ Rewards that are NaN mark completions excluded from scoring (a reward function r
 every function, or raised under reward_errors=skip): they are left out of their group's mean and std
 and get advantage 0.
 
+Several reward functions (multi_objective_aggregation):
+    sum_then_normalize   r_i = sum_k w_k r_{i,k}, then the formulas above          (`group_advantages`)
+    normalize_then_sum   GDPO (arXiv 2601.05242), `decoupled_advantages`:
+                         z_{i,k} = (r_{i,k} - mean_group(r_k)) / (std_group(r_k) + eps),
+                         s_i = sum_k w_k z_{i,k},
+                         A_i = (s_i - mean_batch(s)) / (std_batch(s) + eps)
+                         each reward keeps its own scale inside the group, so one with a large range does not
+                         drown the others.
+
 Process supervision (DeepSeekMath section 4.1.3): see `process_advantages`.
 """
 
@@ -70,6 +79,37 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-8,
     # A group of equal rewards has no signal: exact zeros, not eps-sized noise.
     adv = torch.where(valid & (group_std >= eps), adv, torch.zeros_like(adv))
     return adv.reshape(-1)
+
+
+def _nan_mean_std(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and Bessel std over `dim` ignoring NaN (keepdim); std is NaN with fewer than 2 values."""
+    n = (~torch.isnan(x)).sum(dim, keepdim=True)
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    var = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=True) * n / (n - 1).clamp(min=1)
+    return mean, torch.where(n > 1, var.sqrt(), torch.full_like(var, float("nan")))
+
+
+def decoupled_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, group_size: int,
+                         eps: float = 1e-4) -> torch.Tensor:
+    """GDPO's normalize-then-sum advantages (module docstring), as TRL 1.16 computes them.
+
+    Args:
+        rewards_per_func: [B*G, K] raw score of each reward function, NaN where it returned None.
+        weights: [K] reward weights.
+        group_size: G.
+        eps: added to both standard deviations (TRL's 1e-4).
+
+    Returns:
+        [B*G] advantages; 0 for a completion no function scored.
+    """
+    N, K = rewards_per_func.shape
+    r = rewards_per_func.float().view(-1, group_size, K)                  # [B, G, K]
+    mean_k, std_k = _nan_mean_std(r, dim=1)                               # [B, 1, K]
+    z = (r - mean_k) / (std_k + eps)                                      # NaN where unscored
+    summed = (z * weights.float().view(1, 1, K)).nansum(-1).view(N)       # [N]
+    summed[torch.isnan(rewards_per_func).all(-1)] = float("nan")
+    mean, std = _nan_mean_std(summed, dim=0)
+    return torch.nan_to_num((summed - mean) / (std + eps), nan=0.0)
 
 
 def process_advantages(step_rewards: Sequence[Sequence[tuple[int, float]]], group_size: int,

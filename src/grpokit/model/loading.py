@@ -142,12 +142,16 @@ def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype):
         raise ModelError(f"GGUF file '{gguf}' not found in '{folder}': check model.gguf_file")
     if not gguf and not (folder / "config.json").is_file():
         raise ModelError(f"'{folder}' has no config.json: it is not a transformers model folder")
+    remote = {"trust_remote_code": True} if cfg.trust_remote_code else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=dtype) if gguf else \
-            AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+            AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **remote)
     except ImportError as e:
         raise ModelError(f"loading '{folder}' needs a missing package: {str(e).splitlines()[0]}") from None
     except (OSError, ValueError, KeyError) as e:
+        if "trust_remote_code" in str(e) and not cfg.trust_remote_code:
+            raise ModelError(f"'{folder}' contains custom code (its own modeling file): set "
+                             "model.trust_remote_code=true if you trust it") from None
         raise ModelError(f"'{folder}' is not a causal LM that transformers can load: "
                          f"{str(e).splitlines()[0]}") from None
     except SafetensorError as e:  # names no file: a truncated or overwritten *.safetensors

@@ -15,12 +15,13 @@ RMSNorm, grouped keys/values in SDPA) are switched on around it by `grpokit.fast
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from grpokit.model.precision import autocast_for, compute_dtype
+from grpokit.model.precision import autocast_for, head_dtype
 
 # Architectures whose decoder takes a transformers DynamicCache with the usual (ids, mask, positions).
 CACHE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "olmo", "olmo2", "granite",
@@ -79,13 +80,14 @@ def logsoftmax_stats(z: torch.Tensor, targets: torch.Tensor, temperature: float,
 
 
 def chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor,
-                    bias: torch.Tensor | None, temperature: float,
-                    with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                    bias: torch.Tensor | None, temperature: float, with_entropy: bool = False,
+                    entropy_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """hidden [R, H], targets [R] -> log-probs [R] (and entropy [R]); logits exist only for these R rows.
 
     The entropy reuses the same logits and logsumexp (H = lse - sum_v p_v z_v), so asking for it costs
-    elementwise work, not a second lm-head matmul; it carries no gradient. Without autograd (the
-    reference pass) the log-softmax runs in cache-sized blocks (`logsoftmax_stats`).
+    elementwise work, not a second lm-head matmul; it carries a gradient only with entropy_grad (an
+    entropy bonus in the loss). Without autograd (the reference pass) the log-softmax runs in cache-sized
+    blocks (`logsoftmax_stats`).
     """
     if not torch.is_grad_enabled():
         z = torch.nn.functional.linear(hidden, weight, bias)              # [R, V]
@@ -96,6 +98,8 @@ def chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Te
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
         return logprobs
+    if entropy_grad:
+        return logprobs, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)    # [R], differentiable
     with torch.no_grad():
         z, lse_d = logits.detach(), lse.detach()
         entropy = lse_d - (torch.exp(z - lse_d[:, None]) * z).sum(-1)    # [R]
@@ -119,6 +123,7 @@ def per_token_logprobs(
     chunk_rows: int = 1024,
     return_entropy: bool = False,
     share_prompts: bool = True,
+    entropy_grad: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of the last `completion_length` tokens of each row. Returns [B, T] (float32).
 
@@ -126,7 +131,8 @@ def per_token_logprobs(
         model: any causal LM; plain lm-head models (Llama, Qwen, Mistral, SmolLM, ...) use the chunked
             path, others compute the completion logits then the same gather - logsumexp.
         chunk_rows: B*T rows per lm-head chunk; peak logits memory is chunk_rows x V.
-        return_entropy: also return the policy's token entropy [B, T] (no grad), for metrics.
+        return_entropy: also return the policy's token entropy [B, T] (no grad, for metrics and masks;
+            with entropy_grad, differentiable: an entropy bonus in the loss).
         share_prompts: rows with the same prompt (a GRPO group) run the prompt through the decoder once
             (`shared_prompt_hidden`); the result equals the plain pass to float rounding.
     """
@@ -134,8 +140,13 @@ def per_token_logprobs(
     targets = input_ids[:, -T:]                                           # [B, T]
     with autocast_for(model):                                             # bf16 matmuls in mixed precision
         hidden, weight, bias = _final_hidden(model, input_ids, attention_mask, T, share_prompts)
-    return head_logprobs(hidden, targets, weight, bias, temperature=temperature, chunk_rows=chunk_rows,
-                         return_entropy=return_entropy, compute_dtype=compute_dtype(model))
+    dtype = head_dtype(model)
+    # an fp32 head (cast_lm_head_to_fp32) computes in fp32 even inside the update's bf16 autocast
+    fp32_head = torch.autocast(hidden.device.type, enabled=False) if dtype == torch.float32 else \
+        contextlib.nullcontext()
+    with fp32_head:
+        return head_logprobs(hidden, targets, weight, bias, temperature=temperature, chunk_rows=chunk_rows,
+                             return_entropy=return_entropy, compute_dtype=dtype, entropy_grad=entropy_grad)
 
 
 def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int, share_prompts: bool):
@@ -210,8 +221,8 @@ def cast_head(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None,
                   bias: torch.Tensor | None, *, temperature: float, chunk_rows: int = 1024,
-                  return_entropy: bool = False, compute_dtype: torch.dtype | None = None
-                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                  return_entropy: bool = False, compute_dtype: torch.dtype | None = None,
+                  entropy_grad: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Final hidden states [B, T, H] (or logits [B, T, V] when weight is None) -> log-probs of targets [B, T].
 
     The lm-head runs over chunks of `chunk_rows` rows (`HeadLogprobs` under autograd), so at most
@@ -230,7 +241,10 @@ def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Ten
     B, T, H = hidden.shape
     flat_h = hidden.reshape(B * T, H)                                     # [B*T, H]
     flat_t = targets.reshape(B * T)
-    fused = weight is not None and torch.is_grad_enabled() and _plain_tensors(hidden, weight, bias)
+    entropy_grad = entropy_grad and return_entropy and torch.is_grad_enabled()
+    # a differentiable entropy takes the checkpointed chunk path (HeadLogprobs' hand backward has no H term)
+    fused = (weight is not None and torch.is_grad_enabled() and _plain_tensors(hidden, weight, bias)
+             and not entropy_grad)
     keep = fused and (weight.shape[0] <= KEEP_PROBS_VOCAB_RATIO * H or weight.element_size() == 2
                       and B * T * weight.shape[0] * 2 <= KEEP_PROBS_16BIT_BYTES)
     pieces, entropies = [], []
@@ -239,11 +253,12 @@ def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Ten
             logp = torch.log_softmax(h.float() / temperature, -1)
             out = logp.gather(-1, t[:, None]).squeeze(-1)
             if return_entropy:
-                out = (out, -(logp.exp() * logp).sum(-1).detach())
+                ent = -(logp.exp() * logp).sum(-1)
+                out = (out, ent if entropy_grad else ent.detach())
         elif fused:
             out = HeadLogprobs.apply(h, weight, bias, t, temperature, keep, return_entropy)
         elif torch.is_grad_enabled():
-            out = checkpoint(chunk_logprobs, h, t, weight, bias, temperature, return_entropy,
+            out = checkpoint(chunk_logprobs, h, t, weight, bias, temperature, return_entropy, entropy_grad,
                              use_reentrant=False)
         else:
             out = chunk_logprobs(h, t, weight, bias, temperature, return_entropy)

@@ -37,6 +37,7 @@ log = logging.getLogger("grpokit")
 # one's forward/backward and SmolLM2-135M's sampling are faster in bf16.
 BF16_MIN_PARAMS = 10_000_000
 ATTR = "grpokit_compute_dtype"       # the attribute on the model that holds the compute dtype (or None)
+HEAD_ATTR = "grpokit_fp32_head"      # set (True) on a model whose lm-head computes in float32
 
 
 def bf16_matmul_native(device: torch.device) -> tuple[bool, str]:
@@ -90,6 +91,34 @@ def compute_dtype(model) -> torch.dtype | None:
     return None if dtype is None or params is None or params.dtype == dtype else dtype
 
 
+def head_dtype(model) -> torch.dtype | None:
+    """The dtype of the lm-head's matmul: float32 when the head is kept in fp32 (`cast_lm_head_to_fp32`),
+    else the model's compute dtype (None: the weights')."""
+    return torch.float32 if getattr(_unwrap(model), HEAD_ATTR, False) else compute_dtype(model)
+
+
+def cast_lm_head_to_fp32(model: torch.nn.Module) -> None:
+    """Keep the lm-head's weight in float32 and compute the logits in float32 (`head_dtype`), for precise
+    log-probs of a 16-bit model (TRL's cast_lm_head_to_fp32). Forward hooks do the casts at the edges:
+    the head's input up to float32, and, when the head is tied to the input embedding (which then shares
+    the float32 weight), the embedding's output back to the decoder's dtype.
+    """
+    owner = _unwrap(model)
+    if getattr(owner, HEAD_ATTR, False):   # already cast (a second run on the same model object)
+        return
+    head, embed = owner.get_output_embeddings(), owner.get_input_embeddings()
+    if head is None:
+        raise ValueError("model.cast_lm_head_to_fp32: the model has no output embedding (lm-head)")
+    dtype = head.weight.dtype
+    head.float()
+    setattr(owner, HEAD_ATTR, True)
+    # model.forward (generate, the generic log-prob path) hands the head 16-bit hidden states: cast them up
+    head.register_forward_pre_hook(lambda module, args: tuple(a.float() if torch.is_tensor(a) else a
+                                                              for a in args))
+    if embed is not None and embed.weight is head.weight and dtype != torch.float32:
+        embed.register_forward_hook(lambda module, args, output: output.to(dtype))
+
+
 def autocast_for(model) -> contextlib.AbstractContextManager:
     """torch.autocast to the model's compute dtype for a forward over it; a no-op in fp32."""
     dtype = compute_dtype(model)
@@ -105,6 +134,8 @@ def apply_precision(model: torch.nn.Module, cfg: GRPOConfig) -> tuple[str, str]:
     n_params = sum(x.numel() for x in model.parameters())
     choice, why = resolve_precision(cfg.model.precision, p.device, n_params, p.dtype)
     set_compute_dtype(model, torch.bfloat16 if choice == "bf16" else None)
+    if cfg.model.cast_lm_head_to_fp32:
+        cast_lm_head_to_fp32(model)
     log.info("precision: %s (%s)", choice, why)
     warning = lost_update_warning(model, cfg.optim.learning_rate)
     if warning:

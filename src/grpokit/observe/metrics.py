@@ -115,6 +115,13 @@ def reward_stats(rewards: torch.Tensor, correct: torch.Tensor | None, group_size
     return out
 
 
+def nan_std(x: torch.Tensor) -> float:
+    """Bessel std over the non-NaN values (NaN with fewer than two)."""
+    x = x.float().flatten()
+    x = x[~torch.isnan(x)]
+    return float(x.std()) if x.numel() > 1 else float("nan")
+
+
 def tensor_stats(name: str, x: torch.Tensor) -> dict[str, float]:
     """`<name>_mean/_std/_min/_max` of a tensor (std with Bessel's correction; 0 for one element)."""
     x = x.float().flatten()
@@ -131,6 +138,11 @@ def length_stats(completion_mask: torch.Tensor, truncated: torch.Tensor,
     lengths = completion_mask.sum(-1).float()                             # [N]
     out = {"completion_length_mean": float(lengths.mean()), "completion_length_min": float(lengths.min()),
            "completion_length_max": float(lengths.max()), "frac_truncated": float(truncated.float().mean())}
+    ended = lengths[~truncated.to(lengths.device).bool()]                 # completions that emitted EOS
+    ended = ended if ended.numel() else torch.zeros(1)                    # none: 0, as TRL logs it
+    out.update(completion_length_terminated_mean=float(ended.mean()),
+               completion_length_terminated_min=float(ended.min()),
+               completion_length_terminated_max=float(ended.max()))
     if correct is not None:
         c = correct.float().to(lengths.device)
         for name, pick in (("correct", c == 1), ("wrong", c == 0)):

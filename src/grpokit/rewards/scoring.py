@@ -26,6 +26,7 @@ import bisect
 import difflib
 import importlib
 import importlib.util
+import logging
 import math
 import re
 import sys
@@ -49,6 +50,8 @@ from grpokit.rewards.calls import (
 )
 from grpokit.rewards.outcome_rm import load_reward_model
 from grpokit.rewards.steps import check_steps, token_char_ends  # noqa: F401  (part of this module's API)
+
+log = logging.getLogger("grpokit")
 
 
 def _need(value: Any, key: str, reward: str, what: str) -> Any:
@@ -291,6 +294,12 @@ class RewardBatch:
     step_rewards: list[list[tuple[int, float]]] | None  # weighted (end_token_index, r) per completion
 
 
+def _warn_unscored(i: int, prompts: list, completions: list, count: int) -> None:
+    log.warning("All reward functions returned None for %d completion(s) of this batch, e.g. completion %d "
+                "(prompt %.80r, completion %.80r): it is left out of its group; make at least one reward "
+                "function return a number", count, i, prompts[i], completions[i])
+
+
 def score_responses(reward_funcs: Sequence[tuple[str, Callable, float]], prompts: list, completions: list,
                     columns: dict[str, list], reward_errors: str = "raise", **extra: Any) -> RewardBatch:
     """[B] Score N completions with every reward function and sum them with their weights.
@@ -355,7 +364,10 @@ def score_responses(reward_funcs: Sequence[tuple[str, Callable, float]], prompts
     if weighted:
         stacked = torch.stack(weighted)  # [F, N]
         total = torch.nansum(stacked, dim=0)
-        total[torch.isnan(stacked).all(dim=0)] = math.nan
+        unscored = torch.isnan(stacked).all(dim=0)
+        total[unscored] = math.nan
+        if bool(unscored.any()):
+            _warn_unscored(int(unscored.nonzero()[0]), prompts, completions, int(unscored.sum()))
     else:
         total = torch.zeros(n, dtype=torch.float32)
     for i in failed:  # excluded from its group's statistics, steps included

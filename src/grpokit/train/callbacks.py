@@ -119,6 +119,10 @@ class TrainHooks:
             self._fire("on_evaluate", metrics=full)
         return row
 
+    def observe(self, step: int, rollout: Any, scores: Any, advantages: Any, correct: Any = None) -> None:
+        """A step's batch (the `grpokit.observe.tracking.Tracker.observe` arguments); nothing to do here
+        (`grpokit.trl.logs.TRLHooks` keeps TRL's completions table from it)."""
+
     def save(self, path: Any) -> None:
         """A checkpoint was written during the step: on_save fires after on_step_end, as in transformers."""
         self._saved = str(path)
@@ -136,3 +140,14 @@ def trl_names(row: dict[str, Any]) -> dict[str, float]:
         if per_func and isinstance(value, float) and math.isfinite(value):
             out[f"{key}/mean"] = value
     return out
+
+
+class Observers:
+    """Several step observers (a Tracker, the callbacks' hooks) as the one `tracker` a step takes."""
+
+    def __init__(self, *observers: Any) -> None:
+        self.observers = observers
+
+    def observe(self, *args: Any, **kwargs: Any) -> None:
+        for o in self.observers:
+            o.observe(*args, **kwargs)

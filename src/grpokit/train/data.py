@@ -17,19 +17,21 @@ T = TypeVar("T")
 class PromptStream(Generic[T]):
     """Endless, reproducible draws of examples without replacement inside each epoch."""
 
-    def __init__(self, examples: Sequence[T], seed: int, cursor: int = 0) -> None:
+    def __init__(self, examples: Sequence[T], seed: int, cursor: int = 0, shuffle: bool = True) -> None:
         if not examples:
             raise ValueError("the training split is empty: check task.name / task.path / task.train_split")
         self.examples = examples
         self.seed = seed
         self.cursor = cursor
+        self.shuffle = shuffle   # False: every epoch in the data's own order (task.shuffle)
         self._epoch = -1
         self._order: list[int] = []
 
     def _order_for(self, epoch: int) -> list[int]:
         if epoch != self._epoch:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._order = torch.randperm(len(self.examples), generator=g).tolist()
+            self._order = torch.randperm(len(self.examples), generator=g).tolist() if self.shuffle else \
+                list(range(len(self.examples)))
             self._epoch = epoch
         return self._order
 

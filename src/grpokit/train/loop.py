@@ -26,7 +26,7 @@ from grpokit.observe.tracking import Tracker
 from grpokit.rewards.scoring import build_reward_funcs
 from grpokit.tasks import TaskError, load_examples
 from grpokit.train import checkpoint, run_dir
-from grpokit.train.callbacks import TrainHooks
+from grpokit.train.callbacks import Observers, TrainHooks
 from grpokit.train.data import PromptStream
 from grpokit.train.distributed import Distributed, Silent
 from grpokit.train.evaluate import evaluate
@@ -42,12 +42,13 @@ log = logging.getLogger("grpokit")
 
 def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
                 eval_examples: list | None = None, reward_funcs: list | None = None,
-                dist: Distributed | None = None) -> TrainState:
+                dist: Distributed | None = None, ref_model=None) -> TrainState:
     """Load the policy (or take the given one), its frozen reference (only when beta > 0), data, rewards.
 
     train_examples / eval_examples: objects with .prompt, .answer, .columns (grpokit.tasks.Example);
     when None they come from the configured task. reward_funcs: (name, fn, weight) triples; None: from
     cfg.reward.funcs. dist: the ranks (`train_grpo` passes the one it opened); None: from the environment.
+    ref_model: the frozen reference to use when beta > 0 (None: built from the policy, `reference_for`).
     """
     if dist is None:  # torchrun / accelerate launch: N ranks; else a no-op
         dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device)
@@ -60,7 +61,10 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     # fp32, or bf16 compute on fp32 master weights (logged)
     apply_precision(model, cfg)
     # beta = 0: no reference at all; LoRA: the base with adapters disabled (no copy of the weights)
-    ref = reference_storage(reference_for(model), model) if cfg.loss.beta > 0 else None
+    if ref_model is not None:
+        ref_model = place_model(ref_model, resolve_device(cfg.model.device), what="the reference model")
+    ref = reference_storage(ref_model if ref_model is not None else reference_for(model), model) \
+        if cfg.loss.beta > 0 else None
     dist.prepare(model)                                      # DDP or FSDP2 (same object back)
     if ref is not None:
         dist.prepare(ref, trainable=False)                   # sharded under FSDP, a plain replica under DDP
@@ -79,21 +83,22 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     funcs = reward_funcs or build_reward_funcs(cfg, next(model.parameters()).device)
     # Algorithm 1: trains the rm: reward in place
     loop = RewardLoop(cfg, funcs) if cfg.run.iterations else None
-    return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs,
-                      dist.shard_stream(PromptStream(train, cfg.run.seed)), evals, critic=critic, dist=dist,
-                      reward_loop=loop)
+    stream = dist.shard_stream(PromptStream(train, cfg.run.seed, shuffle=cfg.task.shuffle))
+    return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs, stream, evals, critic=critic,
+                      dist=dist, reward_loop=loop)
 
 
 def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
                eval_examples: list | None = None, hooks: dict[str, Callable] | None = None,
-               callbacks: TrainHooks | list | None = None, reward_funcs: list | None = None) -> TrainState:
+               callbacks: TrainHooks | list | None = None, reward_funcs: list | None = None,
+               ref_model=None) -> TrainState:
     """[H] The GRPO loop: fresh samples every step, one metrics.jsonl row per step, evaluation before
     and after (when run.eval_limit != 0), checkpoints every run.save_steps, the final model saved with
     save_pretrained into run.output_dir/final.
 
     hooks (tests only): {"after_step": fn(state, metrics)}. callbacks: transformers-style TrainerCallbacks
-    (or a `grpokit.train.callbacks.TrainHooks`); reward_funcs: (name, fn, weight) triples instead of cfg's.
-    """
+    (or a `grpokit.train.callbacks.TrainHooks`); reward_funcs: (name, fn, weight) triples instead of cfg's;
+    ref_model: the reference with beta > 0 (None: a frozen copy of the policy, made here)."""
     from tqdm import tqdm
 
     hooks = hooks or {}
@@ -107,7 +112,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     else:
         log.setLevel(logging.WARNING)
     state = build_state(cfg, model, tokenizer, train_examples=train_examples, eval_examples=eval_examples,
-                        reward_funcs=reward_funcs, dist=dist)
+                        reward_funcs=reward_funcs, dist=dist, ref_model=ref_model)
     check_prompts(cfg, state.tokenizer, state.stream.examples, state.eval_examples)  # chat template, lengths
     events = callbacks if isinstance(callbacks, TrainHooks) else TrainHooks(cfg, callbacks)
     state.reward_hooks = events.reward_kwargs()
@@ -129,7 +134,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
         while state.step < cfg.run.max_steps:
             # phases inside: generate reward ref_forward old_forward advantage update save log
             with timer("step"):
-                metrics = step(state, timer, tracker)
+                metrics = step(state, timer, Observers(tracker, events))
                 if state.reward_loop is not None and state.reward_loop.at_boundary(state.step):
                     with timer("reward_model"):  # Algorithm 1: RM continual training, reference <- policy
                         row = state.reward_loop.end_iteration(state, out_dir if main else None)

@@ -135,6 +135,8 @@ def load_trainer_state(state, folder: Path, *, optimizer: bool = True) -> dict[s
     state.scheduler.load_state_dict(blob["scheduler"])
     state.step, state.stream.cursor, state.bad_steps = blob["step"], blob["cursor"], blob["bad_steps"]
     state.skipped_updates = blob.get("skipped_updates", 0)
+    if blob.get("entropy_control") is not None:   # adaptive entropy: the coefficient and its last measurement
+        state.entropy_coef, state.last_entropy = blob["entropy_control"]
     ranks, dist = blob.get("rank_rng") or [], getattr(state, "dist", None)  # distributed: each rank its own
     set_rng_state(ranks[dist.rank] if dist is not None and len(ranks) == dist.world_size > 1 else blob["rng"])
     if getattr(state, "reward_loop", None) is not None:

@@ -43,6 +43,10 @@ class TrainState:
     reward_hooks: dict = field(default_factory=dict)  # TRL's trainer_state, log_metric, log_extra (callbacks)
     # run.iterations > 0: grpokit.train.iterative.RewardLoop (Algorithm 1's RM training)
     reward_loop: Any = None
+    # loss.use_adaptive_entropy: the entropy coefficient c now (None: loss.entropy_coef) and the last
+    # optimizer step's mean entropy over the bonus' tokens (inf: not measured yet); both checkpointed
+    entropy_coef: float | None = None
+    last_entropy: float = float("inf")
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:
@@ -63,10 +67,11 @@ def make_optimizer(model: torch.nn.Module, cfg: GRPOConfig):
             raise ValueError("optim.optim=adamw_8bit needs bitsandbytes: pip install bitsandbytes, "
                              "or use optim.optim=adamw") from None
         opt = bnb.optim.AdamW8bit(params, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2),
-                                  weight_decay=o.weight_decay)
+                                  eps=o.adam_epsilon, weight_decay=o.weight_decay)
     else:
         opt = torch.optim.AdamW(params, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2),
-                                weight_decay=o.weight_decay, fused=_can_fuse(params) or None)
+                                eps=o.adam_epsilon, weight_decay=o.weight_decay,
+                                fused=_can_fuse(params) or None)
     total = cfg.run.max_steps * cfg.loss.num_iterations
 
     def factor(update: int) -> float:

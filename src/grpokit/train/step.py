@@ -29,10 +29,10 @@ import torch
 
 from grpokit import fast
 from grpokit.config.schema import GRPOConfig
-from grpokit.core.advantages import group_advantages, process_advantages
+from grpokit.core.advantages import decoupled_advantages, group_advantages, process_advantages
 from grpokit.core.loss import k3_kl
 from grpokit.model.loading import sync_reference
-from grpokit.observe.metrics import PhaseTimer, length_stats, reward_stats, tensor_stats
+from grpokit.observe.metrics import PhaseTimer, length_stats, nan_std, reward_stats, tensor_stats
 from grpokit.rollout.groups import Rollout
 from grpokit.train.collect import collect_batch
 from grpokit.train.distributed import Distributed
@@ -44,15 +44,23 @@ log = logging.getLogger("grpokit")
 
 
 def compute_advantages(cfg: GRPOConfig, rollout: Rollout, rewards: torch.Tensor,
-                       step_rewards, dist: Distributed | None = None) -> torch.Tensor:
+                       step_rewards, dist: Distributed | None = None,
+                       per_func: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """[C] outcome advantages [N], plus process advantages [N, T] when a process reward is configured.
 
     With several ranks, groups are whole on each rank; the rewards of all ranks are gathered so that
     scale_rewards=batch divides by the whole batch's std, and this rank keeps its rows.
+    per_func: (rewards [N, K] of each outcome function, weights [K]) for
+    loss.multi_objective_aggregation=normalize_then_sum (GDPO).
     """
     G = rollout.group_size
-    full, mine = (dist or Distributed()).gather_rows(rewards)                      # [N_all], this rank's rows
-    adv = group_advantages(full, G, scale_rewards=cfg.loss.scale_rewards)[mine]    # [N]
+    dist = dist or Distributed()
+    if cfg.loss.multi_objective_aggregation == "normalize_then_sum" and per_func is not None:
+        full, mine = dist.gather_rows(per_func[0])                                 # [N_all, K]
+        adv = decoupled_advantages(full, per_func[1], G)[mine]                     # [N]
+    else:
+        full, mine = dist.gather_rows(rewards)                                     # [N_all], this rank's rows
+        adv = group_advantages(full, G, scale_rewards=cfg.loss.scale_rewards)[mine]  # [N]
     if step_rewards is not None:
         T = rollout.completion_ids.shape[1]
         adv = adv[:, None] + process_advantages(step_rewards, G, T)                # [N, T]
@@ -98,7 +106,8 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
                 rewards = rewards - lo.beta * seq_kl.to(rewards.device)
             if torch.isinf(rewards).any():  # NaN marks a skipped score; inf is a broken reward function
                 raise FloatingPointError("rewards contain inf: check the reward functions")
-            advantages = compute_advantages(cfg, rollout, rewards.cpu(), scores.step_rewards, state.dist)
+            advantages = compute_advantages(cfg, rollout, rewards.cpu(), scores.step_rewards, state.dist,
+                                            per_func=outcome_rewards(state.reward_funcs, scores))
         skipped_before = state.skipped_updates
         with timer("update"):
             if state.dist.all_true(bool(torch.isfinite(advantages).all())):  # every rank updates, or none
@@ -119,6 +128,7 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
         mask, correct_all = g(rollout.completion_mask), None if correct is None else g(correct)
         metrics = {"step": state.step, **reward_stats(g(scores.total), correct_all, rollout.group_size),
                    **{f"rewards/{k}": float(torch.nanmean(g(v))) for k, v in scores.per_func.items()},
+                   **{f"rewards/{k}/std": nan_std(g(v)) for k, v in scores.per_func.items()},
                    **tensor_stats("advantage", g(adv_flat)),
                    **length_stats(mask, g(rollout.truncated), correct_all),
                    **upd, **state.dist.reduce_sums(info), "reward_errors": state.dist.sum(scores.num_errors),
@@ -127,6 +137,17 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
         if tracker is not None:
             tracker.observe(state.step, rollout, scores, adv_flat, correct)
     return metrics
+
+
+def outcome_rewards(reward_funcs: list, scores) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(raw scores [N, K], weights [K]) of the outcome reward functions (process ones score steps), or
+    None when there is none."""
+    outcome = [(name, w) for name, fn, w in reward_funcs
+               if not getattr(fn, "process", False) and name in scores.per_func]
+    if not outcome:
+        return None
+    return (torch.stack([scores.per_func[n].float().cpu() for n, _ in outcome], -1),
+            torch.tensor([float(w) for _, w in outcome]))
 
 
 def step_function(cfg: GRPOConfig) -> Callable[..., dict[str, float]]:

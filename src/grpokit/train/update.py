@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from grpokit import fast
-from grpokit.core.loss import grpo_objective_from_logprobs, logprob_mismatch, truncated_is_weights
+from grpokit.core.entropy import applied_entropy_coef, next_entropy_coef
+from grpokit.core.loss import (
+    Filters,
+    Variants,
+    grpo_objective_from_logprobs,
+    logprob_mismatch,
+    truncated_is_weights,
+)
 from grpokit.model.buckets import micro_batches
 from grpokit.model.logprobs import model_shares_prompts, per_token_logprobs
 from grpokit.model.precision import autocast_for
@@ -64,12 +71,56 @@ def forward_logprobs(model, rollout: Rollout, cfg: GRPOConfig, fn=per_token_logp
     return out.clone()  # leave inference mode: usable in autograd as a constant
 
 
+# How a micro-batch's metric joins the step's figure: token-weighted mean, completion-weighted mean, plain
+# sum; every other metric is a share of a batch-normalized loss, summed (x 1/micro-batches for bnpo).
+TOKEN_METRICS = ("approx_kl", "mean_ratio", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy",
+                 "tis/mean_weight", "tis/clipped_frac", "mismatch/abs_logprob_diff_mean", "cispo_clip_ratio")
+SEQ_METRICS = ("vespo/phi_seq_mean",)
+SUM_METRICS = ("bonus_entropy_sum", "bonus_tokens")
+
+
+def objective_options(cfg: GRPOConfig, entropy_coef: float | None) -> tuple[Variants, Filters]:
+    """The loss types' constants and the token filters of `grpo_objective_from_logprobs`, from the config.
+
+    entropy_coef: the bonus' coefficient this update (None: no bonus)."""
+    lo = cfg.loss
+    variants = Variants(lo.sapo_temperature_pos, lo.sapo_temperature_neg, lo.vespo_k_pos, lo.vespo_lambda_pos,
+                        lo.vespo_k_neg, lo.vespo_lambda_neg)
+    return variants, Filters(lo.top_entropy_quantile, lo.off_policy_mask_threshold, entropy_coef)
+
+
+def bonus_enabled(cfg: GRPOConfig) -> bool:
+    """An entropy bonus is part of the loss (a coefficient, or adaptive control that may turn one on)."""
+    return cfg.loss.entropy_coef != 0.0 or cfg.loss.use_adaptive_entropy
+
+
+def _sampler_weights(state: TrainState, rollout: Rollout, rows, new_lp, old_lp, m, T: int, first: bool):
+    """The sampler correction of one micro-batch: (IS weights or None, their metrics, the sampler's
+    log-probs or None). Only when another engine (vLLM) sampled the tokens."""
+    cfg, lo = state.cfg, state.cfg.loss
+    if not (cfg.rollout.backend == "vllm" and rollout.sampling_logprobs is not None):
+        return None, {}, None
+    base = new_lp.detach() if old_lp is None else old_lp[rows, :T]        # pi_old (the trainer)
+    sampled = rollout.sampling_logprobs[rows, :T].to(base.device)
+    mets = logprob_mismatch(base, sampled, m) if first else {}
+    if lo.tis_level == "none":
+        return None, mets, sampled
+    weights, weight_mets = truncated_is_weights(base, sampled, m, lo.tis_level, lo.tis_cap, mode=lo.tis_mode,
+                                                floor=lo.tis_min)
+    return weights, {**mets, **weight_mets}, sampled
+
+
 def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor, *, old_lp, ref_lp,
                   loss_mask: torch.Tensor, timer: PhaseTimer) -> dict[str, float]:
     """[E-F] mu optimizer updates over the generation batch, micro-batched with gradient accumulation."""
     cfg, lo, dist = state.cfg, state.cfg.loss, state.dist
     N = rollout.completion_ids.shape[0]                                   # this rank's completions
     groups, record, last_use = fast.update_plan(state, rollout)          # length buckets; the reuse decision
+    bonus = bonus_enabled(cfg)
+    if bonus and record is not None:      # the entropy needs its gradient: the plain pass, not the reuse
+        record.release()
+        record, last_use = None, False
+    grad_entropy = {"entropy_grad": True} if bonus else {}
     n_micro = len(groups)
     # Normalizers over the whole generation batch, all ranks (grpokit.train.distributed); one process:
     # N, tokens
@@ -77,15 +128,15 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
     num_seqs, num_tokens = total["seqs"], total["tokens"]
     beta = 0.0 if lo.kl_in_reward else lo.beta
     bnpo_scale = 1.0 / total["micro"] if lo.loss_type == "bnpo" else 1.0  # bnpo normalizes per micro-batch
-    other_sampler = cfg.rollout.backend == "vllm" and rollout.sampling_logprobs is not None
-    use_tis = other_sampler and lo.tis_level != "none"
-    token_metrics = ("approx_kl", "mean_ratio", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "entropy",
-                     "tis/mean_weight", "tis/clipped_frac", "mismatch/abs_logprob_diff_mean")
     mismatch_max = torch.zeros(())                       # max |logp_old - logp_sampler| over the batch
     logprobs_fn = dist.logprobs_fn(state.model)
     out: dict[str, float] = {}
     for it in range(lo.num_iterations):
         use = record if it == 0 else None                 # later iterations run on updated weights
+        coef = entropy_coef_now(state) if bonus else None
+        variants, filters = objective_options(cfg, coef)
+        # the bonus is a mean per micro-batch, each weighted by its share (TRL: 1 / accumulation steps)
+        filters = filters._replace(entropy_scale=1.0 if lo.loss_type == "bnpo" else 1.0 / total["micro"])
         sums: dict[str, torch.Tensor] = {}
         loss_finite = torch.tensor(True)
         # one autocast scope for all micro-batches: in bf16 each fp32 weight is cast once per update
@@ -95,37 +146,26 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
                 dist.sync_grads(state.model, g == n_micro - 1)   # reduce over ranks on the last one only
                 (new_lp, entropy), T = rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature,
                                                       fn=logprobs_fn, record=use, consume=last_use,
-                                                      return_entropy=True)
+                                                      return_entropy=True, **grad_entropy)
                 m = loss_mask[rows, :T]
                 a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
-                tis, tis_mets = None, {}
-                if other_sampler:  # pi_old (the trainer) vs the engine that sampled: measure, then correct
-                    base = new_lp.detach() if old_lp is None else old_lp[rows, :T]
-                    sampled = rollout.sampling_logprobs[rows, :T].to(base.device)
-                    if it == 0:
-                        tis_mets = logprob_mismatch(base, sampled, m)
-                        worst = tis_mets.pop("mismatch/abs_logprob_diff_max").cpu()
-                        mismatch_max = torch.maximum(mismatch_max, worst)
-                if use_tis:  # weight by min(pi_old / pi_sampler, cap) (loss.truncated_is_weights)
-                    tis, weight_mets = truncated_is_weights(base, sampled, m, lo.tis_level, lo.tis_cap)
-                    tis_mets.update(weight_mets)
+                tis, tis_mets, sampled = _sampler_weights(state, rollout, rows, new_lp, old_lp, m, T, it == 0)
+                if "mismatch/abs_logprob_diff_max" in tis_mets:
+                    worst = tis_mets.pop("mismatch/abs_logprob_diff_max").cpu()
+                    mismatch_max = torch.maximum(mismatch_max, worst)
                 loss, mets = grpo_objective_from_logprobs(
                     new_lp, None if old_lp is None else old_lp[rows, :T],
                     None if ref_lp is None else ref_lp[rows, :T], m, a, lo.epsilon, beta,
                     clip_eps_high=cfg.epsilon_high, delta=lo.delta, loss_type=lo.loss_type,
                     importance_sampling_level=lo.importance_sampling_level, num_sequences=num_seqs,
                     num_tokens=num_tokens, max_completion_length=cfg.rollout.max_completion_length,
-                    tis_weights=tis,
-                    kl_bias_correction=lo.use_bias_correction_kl)
+                    tis_weights=tis, kl_bias_correction=lo.use_bias_correction_kl, variants=variants,
+                    filters=filters, entropy=entropy, sampler_logprobs=sampled)
                 mets.update(tis_mets)
                 loss_finite = loss_finite & torch.isfinite(loss.detach()).cpu()  # one sync per update, below
                 (loss * bnpo_scale * dist.grad_scale).backward()  # DDP averages over ranks: x W, the sum
-                # Micro-batch losses are normalized by whole-batch counts, so they add up to the batch loss;
-                # token-level metrics are averaged with token weights.
-                mets["entropy"] = (entropy * m).sum() / m.sum().clamp(min=1.0)
-                for k, v in mets.items():
-                    add = v * m.sum() if k in token_metrics else v * bnpo_scale
-                    sums[k] = sums.get(k, 0.0) + add
+                mets["entropy"] = (entropy.detach() * m).sum() / m.sum().clamp(min=1.0)
+                _accumulate(sums, mets, m, bnpo_scale)
         if use is not None:
             use.release()
         with timer("optimizer"):
@@ -133,12 +173,60 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
             grad_norm = optimizer_step(state) if dist.all_true(bool(loss_finite)) else skip_update(state)
         sums = dist.reduce_sums(sums)                    # one all-reduce: figures over the whole batch
         suffix = "" if it == 0 else f"/iter{it}"
-        for k, v in sums.items():
-            out[k + suffix] = float(v / max(num_tokens, 1.0)) if k in token_metrics else float(v)
+        out.update(_step_figures(state, sums, num_tokens, num_seqs, suffix))
         out["grad_norm" + suffix] = grad_norm
-    if other_sampler:
+    if cfg.rollout.backend == "vllm" and rollout.sampling_logprobs is not None:
         out["mismatch/abs_logprob_diff_max"] = float(dist.gather(mismatch_max.view(1)).max())
     return out
+
+
+def _accumulate(sums: dict[str, torch.Tensor], mets: dict[str, torch.Tensor], m: torch.Tensor,
+                bnpo_scale: float) -> None:
+    """Add one micro-batch's metrics to the step's sums (TOKEN_METRICS / SEQ_METRICS / SUM_METRICS)."""
+    for k, v in mets.items():
+        if k in TOKEN_METRICS:
+            add = v * m.sum()
+        elif k in SEQ_METRICS:
+            add = v * m.shape[0]
+        elif k in SUM_METRICS:
+            add = v
+        else:
+            add = v * bnpo_scale
+        sums[k] = sums.get(k, 0.0) + add
+
+
+def _step_figures(state: TrainState, sums: dict, num_tokens: float, num_seqs: float,
+                  suffix: str) -> dict[str, float]:
+    """The update's metrics from the summed micro-batch figures; with an entropy bonus, adaptive control
+    steps here (once per optimizer step) and the coefficient is reported."""
+    out: dict[str, float] = {}
+    for k, v in sums.items():
+        if k in SUM_METRICS:
+            continue
+        norm = num_tokens if k in TOKEN_METRICS else num_seqs if k in SEQ_METRICS else 1.0
+        out[k + suffix] = float(v / max(norm, 1.0)) if norm != 1.0 else float(v)
+    if "bonus_tokens" in sums:
+        step_entropy = float(sums["bonus_entropy_sum"] / max(float(sums["bonus_tokens"]), 1.0))
+        lo = state.cfg.loss
+        if lo.use_adaptive_entropy:
+            state.entropy_coef = next_entropy_coef(entropy_coef_value(state), step_entropy,
+                                                   target=lo.entropy_target, delta=lo.entropy_coef_delta,
+                                                   coef_min=lo.entropy_coef_min, coef_max=lo.entropy_coef_max)
+            state.last_entropy = step_entropy
+        out["entropy_coef" + suffix] = entropy_coef_value(state)
+    return out
+
+
+def entropy_coef_value(state: TrainState) -> float:
+    """The entropy coefficient c now (adaptive control moves it; else loss.entropy_coef)."""
+    return state.cfg.loss.entropy_coef if state.entropy_coef is None else state.entropy_coef
+
+
+def entropy_coef_now(state: TrainState) -> float:
+    """The coefficient the next update applies (grpokit.core.entropy.applied_entropy_coef)."""
+    lo = state.cfg.loss
+    return applied_entropy_coef(entropy_coef_value(state), state.last_entropy, lo.entropy_target,
+                                lo.use_adaptive_entropy)
 
 
 def optimizer_step(state: TrainState) -> float:

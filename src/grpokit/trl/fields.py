@@ -29,22 +29,22 @@ REASONS = {
     "hub": "hub upload: grpokit writes locally only (push output_dir/final yourself)",
     "launch": "distributed setup: grpokit reads torchrun's environment and uses PyTorch DDP / FSDP2 "
               "(run.fsdp) with their defaults; no DeepSpeed or accelerate config",
-    "data": "data loading: grpokit draws prompts in-process, in a seeded random order per epoch, with no "
-            "DataLoader",
+    "data": "data loading: grpokit draws prompts in-process, in a seeded random order per epoch (dataset "
+            "order with shuffle_dataset=False), with no DataLoader",
     "precision": "precision and kernels: grpokit computes in fp32 or bf16 (model.precision) with its own "
-                 "kernels; no fp16 loss scaling, tf32, torch.compile, Liger, NEFTune or padding to a "
-                 "multiple",
-    "eval": "evaluation: grpokit evaluates eval_dataset (greedy, every reward) before and after training and "
-            "every eval_steps; no other evaluation loop",
+                 "kernels; no fp16 loss scaling, tf32, torch.compile, Liger or NEFTune",
+    "eval": "evaluation: TRL's (loss and rewards on sampled completions) every eval_steps with "
+            "eval_strategy='steps', and on evaluate(); grpokit's greedy one before and after training",
     "save": "checkpoints: grpokit saves full, verified checkpoints every save_steps and keeps the newest "
             "save_total_limit; no best-model tracking or partial checkpoints",
     "logging": "logging: grpokit writes every step to metrics.jsonl, the console every logging_steps, "
                "trackers from report_to (named after output_dir)",
-    "optimizer": "optimizer: grpokit has AdamW (eps 1e-8) or AdamW 8-bit, a constant or linear schedule with "
+    "optimizer": "optimizer: grpokit has AdamW or AdamW 8-bit, a constant or linear schedule with "
                  "linear warm-up",
-    "objective": "objective variant not in grpokit (it has loss_type grpo / bnpo / dr_grpo / dapo, GSPO, "
-                 "clip-higher, delta, no entropy bonus)",
-    "generation": "generation: grpokit samples with temperature, top_p and top_k only",
+    "objective": "objective option not in grpokit: the MoE router's auxiliary loss (grpokit trains no "
+                 "router loss)",
+    "generation": "generation engine: grpokit samples with its own KV-cache sampler or transformers' "
+                  "generate, not transformers' continuous batching",
     "vllm": "vLLM option not in grpokit's vLLM backend (use_vllm, vllm_mode, memory share, server URL)",
     "model": "model loading: grpokit loads a local folder itself; load the model yourself for anything else "
              "and pass the object",
@@ -72,7 +72,7 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
     "weight_decay": Field(0.0, MAP, "optim.weight_decay"),
     "adam_beta1": Field(0.9, MAP, "optim.adam_beta1"),
     "adam_beta2": Field(0.999, MAP, "optim.adam_beta2"),
-    "adam_epsilon": Field(1e-08, REFUSE, "optimizer"),
+    "adam_epsilon": Field(1e-08, MAP, "optim.adam_epsilon"),
     "optim_target_modules": Field(None, REFUSE, "optimizer"),
     "gradient_accumulation_steps": Field(1, DERIVED, "optim.micro_batch_size = per_device_train_batch_size "
                                          "(when > 1), and the generation batch"),
@@ -98,9 +98,11 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
     "neftune_noise_alpha": Field(None, REFUSE, "precision"),
     "torch_empty_cache_steps": Field(None, REFUSE, "precision"),
     "auto_find_batch_size": Field(False, REFUSE, "data"),
-    "logging_strategy": Field("steps", REFUSE, "logging"),
+    "logging_strategy": Field("steps", TRAINER, "steps: a log_history row every logging_steps; no: only the "
+                              "last row (metrics.jsonl has every step either way)"),
     "logging_steps": Field(10, MAP, "run.logging_steps (a float < 1: that share of max_steps)"),
-    "logging_first_step": Field(False, SAME, "metrics.jsonl has every step, the first included"),
+    "logging_first_step": Field(False, TRAINER, "True: a log_history row after step 1 too (metrics.jsonl has "
+                                "every step)"),
     "log_on_each_node": Field(True, SAME, "one node's rank 0 writes the logs"),
     "logging_nan_inf_filter": Field(True, SAME, "grpokit skips non-finite updates and counts them "
                                     "(skipped_updates, run.max_bad_steps)"),
@@ -116,16 +118,19 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
     "trackio_static_space_id": Field(None, REFUSE, "hub"),
     "eval_strategy": Field("no", DERIVED, "run.eval_steps: no -> 0 (eval_dataset: before and after only), "
                            "steps -> eval_steps"),
-    "eval_steps": Field(None, DERIVED, "run.eval_steps with eval_strategy='steps' (None: logging_steps)"),
-    "eval_delay": Field(0, REFUSE, "eval"),
-    "per_device_eval_batch_size": Field(8, REFUSE, "eval"),
-    "prediction_loss_only": Field(False, REFUSE, "eval"),
-    "eval_on_start": Field(False, SAME, "grpokit evaluates eval_dataset before training whenever given"),
-    "eval_do_concat_batches": Field(True, REFUSE, "eval"),
-    "eval_use_gather_object": Field(False, REFUSE, "eval"),
-    "eval_accumulation_steps": Field(None, REFUSE, "eval"),
-    "include_for_metrics": Field([], REFUSE, "eval"),
-    "batch_eval_metrics": Field(False, REFUSE, "eval"),
+    "eval_steps": Field(None, TRAINER, "with eval_strategy='steps': the TRL-style evaluation every N steps "
+                        "(None: logging_steps; a float < 1: that share of max_steps)"),
+    "eval_delay": Field(0, TRAINER, "no TRL-style evaluation before this step"),
+    "per_device_eval_batch_size": Field(8, TRAINER, "completions per evaluation batch (a multiple of "
+                                        "num_generations_eval)"),
+    "prediction_loss_only": Field(False, SAME, "GRPO's evaluation computes the loss and rewards only, as in "
+                                  "TRL"),
+    "eval_on_start": Field(False, TRAINER, "True: a TRL-style evaluation before the first step"),
+    "eval_do_concat_batches": Field(True, SAME, "predictions options: GRPOTrainer takes no compute_metrics"),
+    "eval_use_gather_object": Field(False, SAME, "predictions options: GRPOTrainer takes no compute_metrics"),
+    "eval_accumulation_steps": Field(None, SAME, "predictions options: GRPOTrainer takes no compute_metrics"),
+    "include_for_metrics": Field([], SAME, "predictions options: GRPOTrainer takes no compute_metrics"),
+    "batch_eval_metrics": Field(False, SAME, "predictions options: GRPOTrainer takes no compute_metrics"),
     "save_only_model": Field(False, REFUSE, "save"),
     "save_strategy": Field("steps", DERIVED, "run.save_steps: steps -> save_steps, no -> 0"),
     "save_steps": Field(500, DERIVED, "run.save_steps with save_strategy='steps' (a float < 1: that share)"),
@@ -148,20 +153,27 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
     "seed": Field(42, MAP, "run.seed"),
     "data_seed": Field(None, REFUSE, "data"),
     "use_cpu": Field(False, MAP, "model.device = cpu"),
-    "accelerator_config": Field(None, REFUSE, "launch"),
+    "accelerator_config": Field(None, SAME, "grpokit has no accelerate DataLoader to configure; "
+                                "dispatch_batches=True with an IterableDataset is refused, as TRL refuses "
+                                "it"),
     "parallelism_config": Field(None, REFUSE, "launch"),
     "dataloader_drop_last": Field(False, REFUSE, "data"),
-    "dataloader_num_workers": Field(0, REFUSE, "data"),
+    "dataloader_num_workers": Field(0, SAME, "grpokit draws prompts in-process (no DataLoader workers); set "
+                                    "to 0 for an IterableDataset, as TRL does"),
     "dataloader_pin_memory": Field(True, SAME, "grpokit has no DataLoader: nothing is pinned (use_cpu sets "
                                    "it False)"),
-    "dataloader_persistent_workers": Field(False, REFUSE, "data"),
-    "dataloader_prefetch_factor": Field(None, REFUSE, "data"),
-    "dataloader_multiprocessing_context": Field(None, REFUSE, "data"),
-    "dataloader_in_order": Field(True, REFUSE, "data"),
+    "dataloader_persistent_workers": Field(False, SAME, "DataLoader workers: grpokit draws prompts "
+                                           "in-process"),
+    "dataloader_prefetch_factor": Field(None, SAME, "DataLoader workers: grpokit draws prompts in-process"),
+    "dataloader_multiprocessing_context": Field(None, SAME, "DataLoader workers: grpokit draws prompts "
+                                                "in-process"),
+    "dataloader_in_order": Field(True, SAME, "DataLoader workers: grpokit draws prompts in-process"),
     "remove_unused_columns": Field(False, REFUSE, "data"),
     "label_names": Field(None, REFUSE, "supervised"),
-    "train_sampling_strategy": Field("random", REFUSE, "data"),
-    "length_column_name": Field("length", REFUSE, "data"),
+    "train_sampling_strategy": Field("random", SAME, "TRL's GRPOTrainer samples with its own RepeatSampler, "
+                                     "so "
+                                     "this changes nothing there either (shuffle_dataset does)"),
+    "length_column_name": Field("length", SAME, "only read by group_by_length, which GRPO does not use"),
     "ddp_find_unused_parameters": Field(None, REFUSE, "launch"),
     "ddp_bucket_cap_mb": Field(None, REFUSE, "launch"),
     "ddp_broadcast_buffers": Field(None, REFUSE, "launch"),
@@ -183,16 +195,19 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
 _GRPO = {  # trl.GRPOConfig's own fields
     "model_init_kwargs": Field(None, DERIVED, "model.dtype from {'dtype': ...} (or torch_dtype); other keys "
                                "are refused (model loading)"),
-    "trust_remote_code": Field(False, REFUSE, "model"),
+    "trust_remote_code": Field(False, MAP, "model.trust_remote_code (a model folder with its own modeling "
+                               "code)"),
     "router_aux_loss_coef": Field(None, REFUSE, "objective"),
     "disable_dropout": Field(False, TRAINER, "True: every Dropout of the policy gets p = 0 before training"),
-    "cast_lm_head_to_fp32": Field(False, REFUSE, "precision"),
+    "cast_lm_head_to_fp32": Field(False, MAP, "model.cast_lm_head_to_fp32"),
     "num_generations": Field(8, MAP, "rollout.num_generations (G)"),
-    "num_generations_eval": Field(None, REFUSE, "eval"),
+    "num_generations_eval": Field(None, TRAINER, "completions per prompt in evaluation (None: "
+                                  "num_generations)"),
     "max_completion_length": Field(512, MAP, "rollout.max_completion_length (T)"),
     "ds3_gather_for_generation": Field(True, REFUSE, "launch"),
-    "shuffle_dataset": Field(True, REFUSE, "data"),
-    "pad_to_multiple_of": Field("auto", REFUSE, "precision"),
+    "shuffle_dataset": Field(True, MAP, "task.shuffle (False: prompts in dataset order)"),
+    "pad_to_multiple_of": Field("auto", SAME, "tensor shapes only (TRL pads for Neuron compilation); grpokit "
+                                "pads to the longest row, the masks make the math the same"),
     "generation_batch_size": Field(None, DERIVED, "must be None or per_device_train_batch_size x ranks x "
                                    "gradient_accumulation_steps, else refused: " + REASONS["steps"]),
     "steps_per_generation": Field(None, DERIVED, "must be None or gradient_accumulation_steps, else refused: "
@@ -200,11 +215,15 @@ _GRPO = {  # trl.GRPOConfig's own fields
     "temperature": Field(1.0, MAP, "rollout.temperature"),
     "top_p": Field(1.0, MAP, "rollout.top_p"),
     "top_k": Field(0, MAP, "rollout.top_k (0 or None: all tokens)"),
-    "min_p": Field(None, REFUSE, "generation"),
-    "generation_kwargs": Field(None, REFUSE, "generation"),
+    "min_p": Field(None, TRAINER, "sampled by transformers' generate with this min_p (rollout.backend="
+                   "generate)"),
+    "generation_kwargs": Field(None, TRAINER, "temperature / top_p / top_k go to rollout.*; other keys to "
+                               "transformers' generate (rollout.backend=generate); do_sample must stay True"),
     "chat_template_kwargs": Field(None, MAP, "task.chat_template_kwargs"),
-    "repetition_penalty": Field(1.0, REFUSE, "generation"),
-    "cache_implementation": Field(None, REFUSE, "generation"),
+    "repetition_penalty": Field(1.0, TRAINER, "sampled by transformers' generate with this penalty "
+                                "(rollout.backend=generate)"),
+    "cache_implementation": Field(None, TRAINER, "sampled by transformers' generate with this KV cache "
+                                  "(rollout.backend=generate)"),
     "use_vllm": Field(False, MAP, "rollout.backend = vllm"),
     "vllm_mode": Field("colocate", MAP, "rollout.vllm_mode"),
     "vllm_model_impl": Field("vllm", REFUSE, "vllm"),
@@ -224,43 +243,43 @@ _GRPO = {  # trl.GRPOConfig's own fields
     "epsilon": Field(0.2, MAP, "loss.epsilon"),
     "delta": Field(None, MAP, "loss.delta"),
     "epsilon_high": Field(None, MAP, "loss.epsilon_high"),
-    "sapo_temperature_neg": Field(1.05, REFUSE, "objective"),
-    "sapo_temperature_pos": Field(1.0, REFUSE, "objective"),
-    "vespo_k_pos": Field(2.0, REFUSE, "objective"),
-    "vespo_lambda_pos": Field(3.0, REFUSE, "objective"),
-    "vespo_k_neg": Field(3.0, REFUSE, "objective"),
-    "vespo_lambda_neg": Field(2.0, REFUSE, "objective"),
+    "sapo_temperature_neg": Field(1.05, MAP, "loss.sapo_temperature_neg"),
+    "sapo_temperature_pos": Field(1.0, MAP, "loss.sapo_temperature_pos"),
+    "vespo_k_pos": Field(2.0, MAP, "loss.vespo_k_pos"),
+    "vespo_lambda_pos": Field(3.0, MAP, "loss.vespo_lambda_pos"),
+    "vespo_k_neg": Field(3.0, MAP, "loss.vespo_k_neg"),
+    "vespo_lambda_neg": Field(2.0, MAP, "loss.vespo_lambda_neg"),
     "importance_sampling_level": Field("token", MAP, "loss.importance_sampling_level"),
     "reward_weights": Field(None, TRAINER, "the weight of each reward function (None: 1.0 each)"),
-    "multi_objective_aggregation": Field("sum_then_normalize", REFUSE, "objective"),
+    "multi_objective_aggregation": Field("sum_then_normalize", MAP, "loss.multi_objective_aggregation"),
     "scale_rewards": Field("group", MAP, "loss.scale_rewards (True: group, False: none)"),
-    "loss_type": Field("dapo", MAP, "loss.loss_type: grpo | bnpo | dr_grpo | dapo (cispo, sapo, luspo, vespo "
-                       "are refused)"),
+    "loss_type": Field("dapo", MAP, "loss.loss_type: grpo | bnpo | dr_grpo | dapo | cispo | sapo | luspo | "
+                       "vespo"),
     "mask_truncated_completions": Field(False, MAP, "loss.mask_truncated_completions"),
     "sync_ref_model": Field(False, DERIVED, "loss.ref_model_sync_steps = ref_model_sync_steps if True, "
                             "else 0"),
     "ref_model_mixup_alpha": Field(0.6, DERIVED, "loss.ref_model_mixup_alpha (with sync_ref_model)"),
     "ref_model_sync_steps": Field(512, DERIVED, "loss.ref_model_sync_steps (with sync_ref_model)"),
-    "top_entropy_quantile": Field(1.0, REFUSE, "objective"),
-    "entropy_coef": Field(0.0, REFUSE, "objective"),
-    "use_adaptive_entropy": Field(False, REFUSE, "objective"),
-    "entropy_coef_min": Field(0.0, REFUSE, "objective"),
-    "entropy_coef_max": Field(1.0, REFUSE, "objective"),
-    "entropy_coef_delta": Field(0.005, REFUSE, "objective"),
-    "entropy_target": Field(0.2, REFUSE, "objective"),
+    "top_entropy_quantile": Field(1.0, MAP, "loss.top_entropy_quantile"),
+    "entropy_coef": Field(0.0, MAP, "loss.entropy_coef"),
+    "use_adaptive_entropy": Field(False, MAP, "loss.use_adaptive_entropy"),
+    "entropy_coef_min": Field(0.0, MAP, "loss.entropy_coef_min"),
+    "entropy_coef_max": Field(1.0, MAP, "loss.entropy_coef_max"),
+    "entropy_coef_delta": Field(0.005, MAP, "loss.entropy_coef_delta"),
+    "entropy_target": Field(0.2, MAP, "loss.entropy_target"),
     "max_tool_calling_iterations": Field(None, REFUSE, "tools"),
     "vllm_importance_sampling_correction": Field(True, DERIVED, "with use_vllm: loss.tis_level (False: "
                                                  "none)"),
-    "vllm_importance_sampling_mode": Field("sequence_mask", DERIVED, "with use_vllm: loss.tis_level: "
-                                           "token_truncate -> token, sequence_truncate -> sequence; the "
-                                           "*_mask modes are refused (grpokit truncates)"),
+    "vllm_importance_sampling_mode": Field("sequence_mask", DERIVED, "with use_vllm: loss.tis_level (token | "
+                                           "sequence) and loss.tis_mode (truncate | mask)"),
     "vllm_importance_sampling_clip_max": Field(3.0, DERIVED, "with use_vllm: loss.tis_cap"),
-    "vllm_importance_sampling_clip_min": Field(None, REFUSE, "vllm"),
-    "off_policy_mask_threshold": Field(None, REFUSE, "objective"),
+    "vllm_importance_sampling_clip_min": Field(None, DERIVED, "with use_vllm: loss.tis_min"),
+    "off_policy_mask_threshold": Field(None, MAP, "loss.off_policy_mask_threshold"),
     "use_bias_correction_kl": Field(True, MAP, "loss.use_bias_correction_kl (the KL weighted by the ratio)"),
     "log_completions": Field(False, MAP, "run.log_completions_steps = logging_steps"),
     "log_multimodal": Field(True, SAME, "grpokit trains text-only models"),
-    "num_completions_to_print": Field(None, REFUSE, "logging"),
+    "num_completions_to_print": Field(None, SAME, "console only: grpokit prints no completion table (they go "
+                                      "to its completions log, run.log_completions_steps)"),
     "log_unique_prompts": Field(False, REFUSE, "logging"),
     "log_completions_hub_repo": Field(None, REFUSE, "hub"),
     "use_transformers_continuous_batching": Field(False, REFUSE, "generation"),
@@ -292,19 +311,35 @@ def mapping_table() -> str:
     return "\n".join(rows)
 
 
-TABLE_START, TABLE_END = "<!-- trl-mapping:start -->", "<!-- trl-mapping:end -->"
+def refused_summary() -> str:
+    """How many fields are refused away from TRL's default, and why (the docs' count, generated)."""
+    by_reason: dict[str, int] = {}
+    for f in FIELDS.values():
+        if f.kind == REFUSE:
+            by_reason[f.target] = by_reason.get(f.target, 0) + 1
+    ranked = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = ", ".join(f"{reason} {n}" for reason, n in ranked)
+    return (f"**{sum(by_reason.values())} of {len(FIELDS)} fields are refused** away from TRL's default "
+            f"(by reason: {parts}); the others are mapped, used by the trainer, or accepted with no effect.")
+
+
+BLOCKS = {"trl-mapping": mapping_table, "trl-refused": refused_summary}   # marker name -> generator
 
 
 def sync_docs(path: str | Path) -> bool:
-    """Rewrite the mapping table between the markers of a Markdown file; True when it changed.
+    """Rewrite every generated block (between <!-- name:start --> and <!-- name:end -->) of a Markdown file;
+    True when it changed.
 
         python scripts/update_trl_docs.py        # docs/coming_from_trl.md
     """
     page = Path(path)
-    text = page.read_text(encoding="utf-8")
-    head, _, rest = text.partition(TABLE_START)
-    _, _, tail = rest.partition(TABLE_END)
-    new = f"{head}{TABLE_START}\n{mapping_table()}\n{TABLE_END}{tail}"
-    if new != text:
-        page.write_text(new, encoding="utf-8")
-    return new != text
+    text = original = page.read_text(encoding="utf-8")
+    for name, generate in BLOCKS.items():
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        head, found, rest = text.partition(start)
+        if found:
+            _, _, tail = rest.partition(end)
+            text = f"{head}{start}\n{generate()}\n{end}{tail}"
+    if text != original:
+        page.write_text(text, encoding="utf-8")
+    return text != original

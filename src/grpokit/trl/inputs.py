@@ -19,20 +19,62 @@ from grpokit.rewards.process_rm import ProcessRewardModel
 from grpokit.rewards.scoring import get_reward_function
 from grpokit.tasks.hf import examples_from_rows
 
+IMAGE_COLUMNS = ("image", "images")   # TRL's vision-language dataset columns
+
 
 def is_iterable_dataset(data: Any) -> bool:
     return type(data).__name__ == "IterableDataset"
+
+
+def is_dataset_dict(data: Any) -> bool:
+    """A dict of datasets (plain, DatasetDict or IterableDatasetDict), not a single dataset."""
+    return isinstance(data, dict) or type(data).__name__ in ("DatasetDict", "IterableDatasetDict")
+
+
+def column_names(data: Any) -> list[str]:
+    """A dataset's columns (a list of dicts: its first row's keys; unknown: [])."""
+    names = getattr(data, "column_names", None)
+    if names is None and isinstance(data, list) and data and isinstance(data[0], dict):
+        names = list(data[0])
+    return list(names or [])
+
+
+def refuse_images(data: Any, processing_class: Any, where: str = "train_dataset") -> None:
+    """One line for a vision-language setup: grpokit trains text-only models, so images would be dropped
+    and the vision tower never updated."""
+    found = [c for c in column_names(data) if c in IMAGE_COLUMNS]
+    if found:
+        raise ConfigError(f"{where} has an '{found[0]}' column: grpokit trains text-only models (the images "
+                          "would "
+                          f"be ignored and a vision tower never trained); drop the column or use TRL")
+    if processing_class is not None and hasattr(processing_class, "image_processor"):
+        raise ConfigError(f"processing_class is a multimodal processor ({type(processing_class).__name__}): "
+                          "grpokit trains text-only models; pass the processor's tokenizer")
 
 
 def dataset_examples(data: Any, limit: int | None = None, where: str = "train_dataset") -> list:
     """A datasets.Dataset / IterableDataset (first `limit` rows) / list of dicts as grpokit Examples."""
     if data is None:
         raise ConfigError(f"{where} is required: give a datasets.Dataset or a list of dicts with a 'prompt'")
-    if isinstance(data, dict) or type(data).__name__ == "DatasetDict":
+    if is_dataset_dict(data):
         raise ConfigError(f"{where} is a DatasetDict: pass one split, e.g. dataset['train']")
     rows = itertools.islice(iter(data), limit) if is_iterable_dataset(data) else (
         data.to_list() if hasattr(data, "to_list") else list(data))
     return examples_from_rows(rows, where=where)
+
+
+def eval_sets(eval_dataset: Any) -> dict[str | None, list]:
+    """TRL's eval_dataset as {None: examples} (one set) or {name: examples} (a dict or DatasetDict), each
+    refused in one line when it holds images."""
+    if eval_dataset is None:
+        return {}
+    sets = dict(eval_dataset) if is_dataset_dict(eval_dataset) else {None: eval_dataset}
+    out = {}
+    for name, data in sets.items():
+        where = "eval_dataset" if name is None else f"eval_dataset['{name}']"
+        refuse_images(data, None, where)
+        out[name] = dataset_examples(data, where=where)
+    return out
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -47,7 +89,11 @@ def _as_function(item: Any, processing_class: Any) -> tuple[str, Callable]:
     """One entry of reward_funcs as (name, callable)."""
     if isinstance(item, (str, Path)):
         fn = get_reward_function(str(item))  # a built-in name, 'module:function' or a reward-model folder
-        return (fn.__name__ if isinstance(fn, (RewardModel, ProcessRewardModel)) else str(item)), fn
+        if isinstance(fn, (RewardModel, ProcessRewardModel)):
+            if processing_class is not None:      # the reward tokenizer given for this model
+                fn.tokenizer = processing_class
+            return fn.__name__, fn
+        return str(item), fn
     if isinstance(item, torch.nn.Module):  # a reward model, as in TRL (token classifier: a process RM)
         if processing_class is None:
             processing_class = load_tokenizer(item.config._name_or_path)
@@ -60,25 +106,33 @@ def _as_function(item: Any, processing_class: Any) -> tuple[str, Callable]:
 
 
 def reward_triples(reward_funcs: Any, weights: list | None,
-                   processing_classes: Any) -> list[tuple[str, Callable, float]]:
-    """TRL's reward_funcs (one or a list) and reward_weights as grpokit's (name, fn, weight) triples."""
-    items = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+                   processing_classes: Any) -> tuple[list[tuple[str, Callable, float]], list]:
+    """TRL's reward_funcs (one or a list), reward_weights and reward_processing_classes as grpokit's
+    (name, fn, weight) triples, and the processing classes, one per function (a reward model's own
+    tokenizer where none was given; None for plain functions)."""
+    items = [] if reward_funcs is None else (
+        list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
     if not items:
-        raise ConfigError("reward_funcs is empty: give at least one reward function")
+        raise ConfigError("No reward source provided: pass reward_funcs (a function, a reward model or a "
+                          "list "
+                          "of them)")
     if weights is not None and len(weights) != len(items):
         raise ConfigError(f"reward_weights has {len(weights)} values for {len(items)} reward functions: "
                           "give one weight per function")
-    classes = list(processing_classes) if isinstance(processing_classes, (list, tuple)) else \
-        [processing_classes] * len(items)
-    if len(classes) != len(items):
-        raise ConfigError(f"reward_processing_classes has {len(classes)} entries for {len(items)} reward "
-                          "functions: give one per function (None for plain functions)")
+    classes = [None] * len(items) if processing_classes is None else (
+        list(processing_classes) if isinstance(processing_classes, (list, tuple)) else [processing_classes])
+    if len(classes) != len(items):   # one tokenizer is not reused for several reward models, as in TRL
+        raise ConfigError(f"the number of reward_processing_classes ({len(classes)}) must match the number "
+                          f"of reward functions ({len(items)}): give a list with one per function (None for "
+                          "plain "
+                          "functions)")
     taken: set[str] = set()
     out = []
-    for item, cls, w in zip(items, classes, weights or [1.0] * len(items)):
-        name, fn = _as_function(item, cls)
+    for i, (item, w) in enumerate(zip(items, weights or [1.0] * len(items))):
+        name, fn = _as_function(item, classes[i])
         out.append((_unique(name, taken), fn, float(w)))
-    return out
+        classes[i] = getattr(fn, "tokenizer", None) if classes[i] is None else classes[i]
+    return out, classes
 
 
 def model_name(model: Any) -> str:

@@ -3,19 +3,23 @@
     from grpokit.trl import GRPOConfig, GRPOTrainer     # was: from trl import GRPOConfig, GRPOTrainer
 
     trainer = GRPOTrainer(model="path/to/model", reward_funcs=[my_reward], args=GRPOConfig(...),
-                          train_dataset=dataset)
-    trainer.train()
+                          train_dataset=dataset, eval_dataset=eval_dataset)
+    out = trainer.train()                    # transformers' TrainOutput; state.log_history as TRL writes it
+    metrics = trainer.evaluate()             # eval_loss, eval_reward, eval_rewards/<f>/mean, ...
     trainer.save_model("out/final")
 
 What it does, in order: translate the TRL config (`grpokit.trl.translate`; a refused field stops
 here with one line), read the datasets (`grpokit.tasks.hf`), make the reward triples, load or take
-the policy (a PEFT config wraps it; with beta > 0 grpokit's loop builds the reference: a frozen copy,
-or the adapter-disabled base of a PEFT model), print the resolved config with the TRL defaults that
-differ from grpokit's, then hand all of it to `train_grpo` with the callbacks.
+the policy (a PEFT config wraps it) and, with beta > 0, its frozen reference (as TRL: a copy, or
+none for a PEFT model whose base with the adapters disabled is the reference), print the resolved
+config with the TRL defaults that differ from grpokit's, then hand all of it to `train_grpo` with
+TRL's logging and evaluation schedule (`grpokit.trl.logs`, `grpokit.trl.evaluation`).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -23,23 +27,34 @@ from typing import Any
 from grpokit.cli.main import describe
 from grpokit.config.schema import ConfigError, build_config
 from grpokit.config.schema import GRPOConfig as NestedConfig
+from grpokit.config.validation import objective_warnings
+from grpokit.core.entropy import applied_entropy_coef
+from grpokit.core.token_masks import high_entropy_mask, off_policy_mask
 from grpokit.model.devices import place_model, resolve_device
 from grpokit.model.loading import check_tokenizer_fits, load_model_and_tokenizer, prepare_tokenizer
+from grpokit.model.lora import is_peft_model, reference_for
 from grpokit.observe.model_card import write_model_card
-from grpokit.train.callbacks import TrainHooks
-from grpokit.train.evaluate import evaluate as evaluate_model
 from grpokit.train.loop import save_final, train_grpo
+from grpokit.train.resume import newest_complete_checkpoint
 from grpokit.train.state import TrainState
+from grpokit.train.update import bonus_enabled
 from grpokit.trl.config import GRPOConfig
+from grpokit.trl.evaluation import EvalRun, evaluate_sets
+from grpokit.trl.generation import generation_options, restore_saved
 from grpokit.trl.inputs import (
     dataset_examples,
     disable_dropout,
+    eval_sets,
     is_iterable_dataset,
     model_name,
+    refuse_images,
     reward_triples,
     wrap_peft,
 )
-from grpokit.trl.translate import Translation, translate
+from grpokit.trl.logs import TRLHooks
+from grpokit.trl.translate import Translation, prepare_dataset_args, translate
+
+log = logging.getLogger("grpokit")
 
 
 class GRPOTrainer:
@@ -53,7 +68,7 @@ class GRPOTrainer:
             sequence-classification model (its logit is the score).
         args: a `grpokit.trl.GRPOConfig` or a real `trl.GRPOConfig` (TRL's defaults when None).
         train_dataset: a datasets.Dataset / IterableDataset or a list of dicts with a 'prompt' column.
-        eval_dataset: the same, evaluated before and after training and by `evaluate()`.
+        eval_dataset: the same, or a dict / DatasetDict of them (metrics prefixed eval_<name>_).
         processing_class: the policy's tokenizer (default: the model's).
         reward_processing_classes: tokenizers of reward models, one per reward function (None for plain).
         callbacks: transformers.TrainerCallback objects (see `grpokit.train.callbacks`).
@@ -64,28 +79,42 @@ class GRPOTrainer:
         ConfigError: a refused TRL field, inconsistent batch sizes, a bad dataset or reward function.
     """
 
-    def __init__(self, model: Any, reward_funcs: Any, args: Any = None, train_dataset: Any = None,
+    def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None,
                  reward_processing_classes: Any = None, callbacks: list | None = None,
                  optimizers: tuple = (None, None), peft_config: Any = None) -> None:
         if tuple(optimizers) != (None, None):
             raise ConfigError("optimizers=(...) is not supported: grpokit builds AdamW and its schedule from "
                               "the config (learning_rate, lr_scheduler_type, optim); leave optimizers unset")
+        if train_dataset is None:
+            raise ConfigError("train_dataset is required: give a datasets.Dataset, an IterableDataset or a "
+                              "list "
+                              "of dicts with a 'prompt' column")
         name = model if isinstance(model, str) else model_name(model)
         self.args = args if args is not None else GRPOConfig(output_dir=f"{Path(name).name}-GRPO")
+        refuse_images(train_dataset, processing_class)
         iterable = is_iterable_dataset(train_dataset)
-        num_prompts = None if iterable or train_dataset is None else len(train_dataset)
+        prepare_dataset_args(self.args, iterable, eval_dataset)
+        num_prompts = None if iterable else len(train_dataset)
         self.translation = translate(self.args, num_prompts, int(os.environ.get("WORLD_SIZE", "1")))
         t = self.translation.overrides
         limit = t["run.max_steps"] * t["rollout.prompts_per_step"] if iterable else None
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.train_examples = dataset_examples(train_dataset, limit)
-        self.eval_examples = (
-            [] if eval_dataset is None else dataset_examples(eval_dataset, where="eval_dataset"))
-        self.reward_funcs = reward_triples(reward_funcs, self.translation.trainer["reward_weights"],
-                                           reward_processing_classes)
+        self.eval_sets = eval_sets(eval_dataset)
+        self.eval_examples = [ex for examples in self.eval_sets.values() for ex in examples]
+        self.reward_triples, self.reward_processing_classes = reward_triples(
+            reward_funcs, self.translation.trainer["reward_weights"], reward_processing_classes)
+        self.reward_funcs = [fn for _, fn, _ in self.reward_triples]
+        self.reward_func_names = [n for n, _, _ in self.reward_triples]
         self.config = self._nested_config(name, {})
+        for warning in objective_warnings(self.config):
+            log.warning(warning)
         self.model, self.processing_class = self._policy(model, processing_class, peft_config)
-        self.callback_handler = TrainHooks(self.config, callbacks, args=self.args)
+        # TRL's reference: a frozen copy with beta > 0, none for PEFT (the base with adapters disabled)
+        self._reference = reference_for(self.model) if self.config.loss.beta > 0 else None
+        self.ref_model = None if is_peft_model(self.model) else self._reference
+        self.callback_handler = self._hooks(callbacks)
         self.state = self.callback_handler.state
         self._train_state: TrainState | None = None
         print(self.describe(), flush=True)
@@ -93,9 +122,18 @@ class GRPOTrainer:
     def _nested_config(self, name: str, extra: dict[str, Any]) -> NestedConfig:
         """grpokit's config: the translation plus what the trainer itself knows (rewards, data, model)."""
         return build_config({**self.translation.overrides, "model.name_or_path": name,
-                             "reward.funcs": {n: w for n, _, w in self.reward_funcs},
+                             "reward.funcs": {n: w for n, _, w in self.reward_triples},
                              "task.name": "hf", "task.path": "in-memory:train_dataset",
                              "run.eval_limit": -1 if self.eval_examples else 0, **extra})
+
+    def _hooks(self, callbacks: list | None) -> TRLHooks:
+        tr, cfg = self.translation.trainer, self.config
+        per_step = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
+        return TRLHooks(cfg, callbacks, self.args, logging_steps=tr["log_every"], eval_steps=tr["eval_steps"],
+                        eval_delay=tr["eval_delay"], eval_on_start=tr["eval_on_start"],
+                        evaluate=self._scheduled_evaluation if self.eval_sets else None,
+                        logging_first_step=tr["logging_first_step"], table_size=per_step,
+                        completions_per_step=per_step)
 
     def _policy(self, model: Any, processing_class: Any, peft_config: Any):
         """The policy and its tokenizer, prepared as grpokit's loader prepares them."""
@@ -137,6 +175,36 @@ class GRPOTrainer:
             head += [f"  - {n}" for n in notes]
         return "\n".join(head + [describe(self.config)])
 
+    # -- TRL / transformers attributes ----------------------------------------------------------
+    @property
+    def _logs(self) -> dict[str, Any]:
+        """TRL's completions table of the latest generation batch (prompt, completion, rewards, ...)."""
+        return self.callback_handler.logs
+
+    @property
+    def entropy_coef(self) -> float:
+        """The entropy bonus' coefficient now (adaptive control moves it during training)."""
+        ts = self._train_state
+        return self.config.loss.entropy_coef if ts is None or ts.entropy_coef is None else ts.entropy_coef
+
+    @property
+    def aux_loss_enabled(self) -> bool:
+        """TRL's MoE router auxiliary loss: grpokit trains none (router_aux_loss_coef is refused)."""
+        return False
+
+    def get_high_entropy_mask(self, entropies: Any, mask: Any, threshold: float) -> Any:
+        """TRL's helper: the valid tokens whose entropy is at least the `threshold` quantile (bool [N, T];
+        grpokit.core.token_masks.high_entropy_mask)."""
+        return high_entropy_mask(entropies, mask, threshold)
+
+    @staticmethod
+    def get_off_policy_mask(advantages: Any, per_token_logps: Any, sampling_per_token_logps: Any, mask: Any,
+                            off_policy_threshold: float) -> Any:
+        """TRL's helper: DeepSeek-V3.2's off-policy sequence mask, 1 keep / 0 drop ([N, 1];
+        grpokit.core.token_masks.off_policy_mask)."""
+        return off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask,
+                               off_policy_threshold)
+
     def add_callback(self, callback: Any) -> None:
         self.callback_handler.callbacks.append(callback() if isinstance(callback, type) else callback)
 
@@ -144,54 +212,81 @@ class GRPOTrainer:
         self.callback_handler.callbacks = [cb for cb in self.callback_handler.callbacks
                                            if cb is not callback and type(cb) is not callback]
 
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
+        """Refused: grpokit works offline. Upload output_dir/final with huggingface_hub yourself."""
+        raise ConfigError("push_to_hub is not supported: grpokit writes locally only; upload the saved "
+                          "folder "
+                          "with huggingface_hub (HfApi().upload_folder) yourself")
+
+    # -- training -------------------------------------------------------------------------------
     def _resume_config(self, resume: Any) -> NestedConfig:
         """The config of a resumed run: grpokit continues from the newest complete checkpoint."""
         if not resume:
             return self.config
         if isinstance(resume, (str, Path)):
-            newest, _ = resume.newest_complete_checkpoint(self.config.run.output_dir)
+            newest, _ = newest_complete_checkpoint(self.config.run.output_dir)
             if newest is None or Path(resume).resolve() != newest.resolve():
                 raise ConfigError(f"resume_from_checkpoint='{resume}': grpokit resumes the newest complete "
                                   f"checkpoint in output_dir ({newest}); pass True, or that path")
         return self._nested_config(self.config.model.name_or_path, {"run.resume": True})
 
-    def train(self, resume_from_checkpoint: Any = None, **kwargs: Any):
+    def train(self, resume_from_checkpoint: Any = None, trial: Any = None, ignore_keys_for_eval: Any = None,
+              **kwargs: Any) -> Any:
         """Train (grpokit's loop); returns transformers' TrainOutput(global_step, training_loss, metrics).
 
         Args:
             resume_from_checkpoint: True (or the newest checkpoint's path) continues the run in
                 output_dir bit-identically; None takes args.resume_from_checkpoint.
         """
-        from transformers.trainer_utils import TrainOutput
+        from transformers.trainer_utils import TrainOutput  # transformers' trainer module: loaded when used
 
-        if kwargs:
-            raise ConfigError(f"train() got {', '.join(kwargs)}: grpokit's train takes "
-                              "resume_from_checkpoint only")
+        if kwargs or trial is not None:
+            raise ConfigError(f"train() got {', '.join(kwargs) or 'trial'}: grpokit's train takes "
+                              "resume_from_checkpoint only (no hyperparameter search)")
         resume = resume_from_checkpoint if resume_from_checkpoint is not None else \
             self.translation.trainer["resume_from_checkpoint"]
         cfg = self._resume_config(resume)
-        self._train_state = train_grpo(cfg, model=self.model, tokenizer=self.processing_class,
-                                       train_examples=self.train_examples, eval_examples=self.eval_examples,
-                                       callbacks=self.callback_handler, reward_funcs=self.reward_funcs)
-        losses = [row["loss"] for row in self.state.log_history if isinstance(row.get("loss"), float)]
-        loss = sum(losses) / len(losses) if losses else float("nan")
-        steps = self._train_state.step
-        return TrainOutput(steps, loss, {"train_loss": loss, "steps": steps})
+        with generation_options(self.model, self.translation.trainer["generation"]):
+            self._train_state = train_grpo(cfg, model=self.model, tokenizer=self.processing_class,
+                                           train_examples=self.train_examples,
+                                           eval_examples=self.eval_examples,
+                                           callbacks=self.callback_handler, reward_funcs=self.reward_triples,
+                                           ref_model=self._reference)
+        if self.translation.trainer["generation"]:   # the run's sampling options stay out of the saved model
+            restore_saved(self.model, Path(cfg.run.output_dir) / "final")
+        metrics = self.callback_handler.train_metrics
+        return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
-    def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Greedy evaluation of the policy on eval_dataset: mean of every reward function and the total
-        (accuracy too when the data has an answer column); fires on_evaluate; keys 'eval_<name>'."""
-        examples = self.eval_examples if eval_dataset is None else \
-            dataset_examples(eval_dataset, where="eval_dataset")
-        if not examples:
+    # -- evaluation -----------------------------------------------------------------------------
+    def _eval_run(self) -> EvalRun:
+        tr, lo, ts = self.translation.trainer, self.config.loss, self._train_state
+        coef = None
+        if bonus_enabled(self.config):    # the coefficient a training step would apply now (adaptive gate)
+            coef = applied_entropy_coef(self.entropy_coef, math.inf if ts is None else ts.last_entropy,
+                                        lo.entropy_target, lo.use_adaptive_entropy)
+        return EvalRun(self.config, self.model, self.processing_class, self.reward_triples,
+                       num_generations=tr["num_generations_eval"], batch_size=tr["eval_batch_size"],
+                       ref_model=self._reference if ts is None else ts.ref_model,
+                       entropy_coef=coef, reward_extra=self.callback_handler.reward_kwargs())
+
+    def _scheduled_evaluation(self) -> dict[str, Any]:
+        with generation_options(self.model, self.translation.trainer["generation"]):
+            return evaluate_sets(self._eval_run(), self.eval_sets)
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None,
+                 metric_key_prefix: str = "eval") -> dict[str, Any]:
+        """TRL's evaluation: the GRPO loss and reward metrics on sampled completions of eval_dataset (one
+        dataset, or a dict of them prefixed `<prefix>_<name>_`); logged to state.log_history, fires
+        on_evaluate; returns the metrics (eval_loss, eval_reward, eval_rewards/<f>/mean, ...)."""
+        sets = self.eval_sets if eval_dataset is None else eval_sets(eval_dataset)
+        if not sets:
             raise ConfigError("evaluate() needs an eval_dataset: pass one to GRPOTrainer or to evaluate()")
-        result = evaluate_model(self.model, self.processing_class, examples, self.config, limit=-1,
-                                reward_funcs=self.reward_funcs, progress=False,
-                                reward_extra=self.callback_handler.reward_kwargs())
-        self.callback_handler.evaluate({"tag": "evaluate", "step": self.state.global_step, **result})
-        return {f"{metric_key_prefix}_{k}": v for k, v in result.items()}
+        with generation_options(self.model, self.translation.trainer["generation"]):
+            metrics = evaluate_sets(self._eval_run(), sets, metric_key_prefix)
+        self.callback_handler.log_evaluation(metrics)
+        return metrics
 
-    def save_model(self, output_dir: str | None = None) -> Path:
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> Path:
         """A save_pretrained folder (model, tokenizer, grpokit_config.json, README.md model card) that plain
         transformers loads; default: args.output_dir."""
         out = Path(output_dir or self.config.run.output_dir)
@@ -200,7 +295,7 @@ class GRPOTrainer:
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out)
         self.processing_class.save_pretrained(out)
-        write_model_card(out, self.config, None, {n: w for n, _, w in self.reward_funcs})
+        write_model_card(out, self.config, None, {n: w for n, _, w in self.reward_triples})
         return out
 
 

@@ -12,6 +12,7 @@ a non-default value raises `ConfigError` with one line naming it, its value and 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +33,28 @@ COPY = {"learning_rate": "optim.learning_rate", "weight_decay": "optim.weight_de
         "mask_truncated_completions": "loss.mask_truncated_completions",
         "use_bias_correction_kl": "loss.use_bias_correction_kl",
         "vllm_gpu_memory_utilization": "rollout.vllm_gpu_memory_utilization",
-        "vllm_mode": "rollout.vllm_mode"}
+        "vllm_mode": "rollout.vllm_mode", "adam_epsilon": "optim.adam_epsilon",
+        "cast_lm_head_to_fp32": "model.cast_lm_head_to_fp32", "trust_remote_code": "model.trust_remote_code",
+        "shuffle_dataset": "task.shuffle", "multi_objective_aggregation": "loss.multi_objective_aggregation",
+        "top_entropy_quantile": "loss.top_entropy_quantile",
+        "off_policy_mask_threshold": "loss.off_policy_mask_threshold",
+        **{name: f"loss.{name}" for name in (
+            "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+            "vespo_lambda_neg", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
+            "entropy_coef_max",
+            "entropy_coef_delta", "entropy_target")}}
+# transformers' generate options that grpokit's sampler lacks: set on the model's generation_config for
+# the run, and sampling goes through generate (rollout.backend=generate)
+GENERATE_FIELDS = ("min_p", "repetition_penalty", "cache_implementation")
+# generation_kwargs keys that are grpokit rollout settings
+GENERATION_KWARGS_KEYS = {"temperature": "rollout.temperature", "top_p": "rollout.top_p",
+                          "top_k": "rollout.top_k"}
 OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_8bit": "adamw_8bit",
               "adamw_bnb_8bit": "adamw_8bit"}
 SCHEDULERS = {"linear": "linear", "constant": "constant", "constant_with_warmup": "constant"}
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
+log = logging.getLogger("grpokit")
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 @dataclass
@@ -167,14 +185,21 @@ def _steps(v: dict[str, Any], B: int, num_prompts: int | None, t: Translation) -
     if evals not in ("steps", "no"):
         raise refuse("eval_strategy", evals, REASONS["eval"] + "; use 'steps' or 'no'")
     every = v["eval_steps"] if v["eval_steps"] is not None else v["logging_steps"]
-    _put(t, "run.eval_steps", _share(every, steps) if evals == "steps" else 0, "eval_strategy", "eval_steps")
+    # the loop's own greedy evaluation runs before and after only; eval_steps schedules TRL's (the trainer)
+    _put(t, "run.eval_steps", 0, "eval_strategy", "eval_steps")
+    t.trainer["eval_steps"] = _share(every, steps) if evals == "steps" else 0
+    logs = str(getattr(v["logging_strategy"], "value", v["logging_strategy"]))
+    if logs not in ("steps", "no"):
+        raise refuse("logging_strategy", logs, REASONS["logging"] + "; use 'steps' or 'no'")
+    t.trainer["log_every"] = t.overrides["run.logging_steps"] if logs == "steps" else 0
     return steps
 
 
 def _objective(v: dict[str, Any], t: Translation) -> None:
     loss_type = v["loss_type"]
     if loss_type not in LOSS_TYPES:
-        raise refuse("loss_type", loss_type, REASONS["objective"])
+        raise ConfigError(f"GRPOConfig.loss_type={loss_type!r} is not a TRL 1.16 loss type: use one of "
+                          f"{', '.join(LOSS_TYPES)}")
     _put(t, "loss.loss_type", loss_type, "loss_type")
     scale = {True: "group", False: "none"}.get(v["scale_rewards"], v["scale_rewards"])
     _put(t, "loss.scale_rewards", scale, "scale_rewards")
@@ -225,23 +250,53 @@ def _model_and_run(v: dict[str, Any], t: Translation) -> None:
     _put(t, "task.chat_template_kwargs", dict(v["chat_template_kwargs"] or {}), "chat_template_kwargs")
 
 
+def _generation(v: dict[str, Any], t: Translation) -> None:
+    """min_p, repetition_penalty, cache_implementation and generation_kwargs: transformers' generate
+    options (t.trainer["generation"]), or grpokit's rollout keys for temperature / top_p / top_k."""
+    options = {name: v[name] for name in GENERATE_FIELDS if not is_default(name, v[name])}
+    kwargs = dict(v["generation_kwargs"] or {})
+    if kwargs.get("do_sample", True) is not True:
+        raise refuse("generation_kwargs", kwargs, "GRPO samples its completions: leave do_sample unset or "
+                     "True")
+    kwargs.pop("do_sample", None)
+    for key, target in GENERATION_KWARGS_KEYS.items():   # generation_kwargs win over the fields, as in TRL
+        if key in kwargs:
+            _put(t, target, kwargs.pop(key), "generation_kwargs")
+    for key in ("max_new_tokens", "max_length", "num_return_sequences"):
+        if key in kwargs:
+            raise refuse("generation_kwargs", kwargs, f"'{key}' is set by max_completion_length and "
+                         "num_generations")
+    options.update(kwargs)
+    t.trainer["generation"] = options
+    if options:
+        if v["use_vllm"]:
+            raise refuse(next(iter(options)), options, "with use_vllm these transformers generate options do "
+                         "not reach vLLM in grpokit")
+        _put(t, "rollout.backend", "generate", *[n for n in GENERATE_FIELDS + ("generation_kwargs",)
+                                                  if not is_default(n, v[n])])
+
+
 def _sampling(v: dict[str, Any], t: Translation) -> None:
     _put(t, "rollout.top_k", int(v["top_k"] or 0), "top_k")
+    _generation(v, t)
     if not v["use_vllm"]:
         return
     _put(t, "rollout.backend", "vllm", "use_vllm")
     url = v["vllm_server_base_url"] or f"http://{v['vllm_server_host']}:{v['vllm_server_port']}"
     _put(t, "rollout.vllm_server_base_url", url, "vllm_server_base_url")
-    mode = v["vllm_importance_sampling_mode"]
+    mode = str(v["vllm_importance_sampling_mode"])
+    if mode not in IS_MODES:
+        raise ConfigError(f"GRPOConfig.vllm_importance_sampling_mode={mode!r}: use one of "
+                          f"{', '.join(IS_MODES)}")
+    level, kind = mode.split("_")
     if not v["vllm_importance_sampling_correction"]:
-        _put(t, "loss.tis_level", "none", "vllm_importance_sampling_correction")
-    elif mode in ("token_truncate", "sequence_truncate"):
-        _put(t, "loss.tis_level", mode.split("_")[0], "vllm_importance_sampling_mode")
-    else:
-        raise refuse("vllm_importance_sampling_mode", mode, "grpokit truncates the importance weights, it "
-                     "does not mask them; use token_truncate or sequence_truncate")
+        level = "none"
+    _put(t, "loss.tis_level", level, "vllm_importance_sampling_correction", "vllm_importance_sampling_mode")
+    _put(t, "loss.tis_mode", kind, "vllm_importance_sampling_mode")
     cap = v["vllm_importance_sampling_cap"] or v["vllm_importance_sampling_clip_max"]
-    _put(t, "loss.tis_cap", float(cap), "vllm_importance_sampling_clip_max")
+    _put(t, "loss.tis_cap", None if cap is None else float(cap), "vllm_importance_sampling_clip_max")
+    low = v["vllm_importance_sampling_clip_min"]
+    _put(t, "loss.tis_min", None if low is None else float(low), "vllm_importance_sampling_clip_min")
 
 
 def _notes_for_defaults(v: dict[str, Any], t: Translation) -> None:
@@ -285,6 +340,39 @@ def translate(args: Any, num_prompts: int | None = None, world_size: int = 1) ->
         if t.overrides["model.dtype"] != "float32":   # 16-bit weights compute in their own dtype
             t.overrides.pop("model.precision", None)
     _notes_for_defaults(v, t)
-    t.trainer = {"reward_weights": v["reward_weights"], "disable_dropout": bool(v["disable_dropout"]),
-                 "resume_from_checkpoint": v["resume_from_checkpoint"], "model_dtype": dtype}
+    t.trainer.update(reward_weights=v["reward_weights"], disable_dropout=bool(v["disable_dropout"]),
+                     resume_from_checkpoint=v["resume_from_checkpoint"], model_dtype=dtype,
+                     eval_batch_size=int(v["per_device_eval_batch_size"]),
+                     num_generations_eval=int(v["num_generations_eval"] or v["num_generations"]),
+                     eval_on_start=bool(v["eval_on_start"]), eval_delay=v["eval_delay"] or 0,
+                     logging_first_step=bool(v["logging_first_step"]))
     return t
+
+
+def _dispatch_batches(config: Any) -> Any:
+    if isinstance(config, dict):
+        return config.get("dispatch_batches")
+    return getattr(config, "dispatch_batches", None)
+
+
+def prepare_dataset_args(args: Any, iterable_train: bool, eval_dataset: Any) -> None:
+    """TRL's rules for iterable datasets, applied to `args` as TRL applies them: accelerate's
+    dispatch_batches must be False (set so), and an iterable train set is read by one worker
+    (dataloader_num_workers set to 0, with a warning)."""
+    evals = list(eval_dataset.values()) if isinstance(eval_dataset, dict) or hasattr(eval_dataset, "keys") \
+        else [eval_dataset]
+    if not (iterable_train or any(type(e).__name__ == "IterableDataset" for e in evals)):
+        return
+    config = getattr(args, "accelerator_config", None)
+    if _dispatch_batches(config):
+        raise ConfigError("Iterable datasets require `dispatch_batches=False`, but accelerator_config sets "
+                          "it "
+                          "to True: set it to False")
+    if isinstance(config, dict):
+        config["dispatch_batches"] = False
+    elif config is not None and hasattr(config, "dispatch_batches"):
+        config.dispatch_batches = False
+    if iterable_train and getattr(args, "dataloader_num_workers", 0):
+        log.warning("an IterableDataset is read by one worker to keep its groups of num_generations whole: "
+                    "dataloader_num_workers=%s set to 0", args.dataloader_num_workers)
+        args.dataloader_num_workers = 0
