@@ -4,9 +4,12 @@ before/after table and plot."""
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 
 from grpokit.config.run_config import describe, train_config
 from grpokit.observe.demo import before_after_table, demo_plot
+from grpokit.train.interrupt import RunInterrupted
 from grpokit.train.loop import train_grpo
 
 
@@ -20,7 +23,12 @@ def main(argv: list[str]) -> int:
     overrides = args.items[1:] if path else args.items
     cfg = train_config(path, overrides, resume=args.resume, overwrite=args.overwrite)
     print(describe(cfg), flush=True)
-    state = train_grpo(cfg)
+    try:
+        state = train_grpo(cfg)
+    except RunInterrupted as e:   # its one line ends with the command that resumes (or starts over)
+        if e.restart_flag[0]:
+            e.restart = f"{e.verb} with: {restart_command(argv, e.restart_flag[0])}"
+        raise
     print(f"done: {state.step} steps; metrics in {cfg.run.output_dir}/metrics.jsonl, "
           f"model in {cfg.run.output_dir}/final", flush=True)
     try:  # a resumed run may lack the 'before' evaluation: then there is no table to print
@@ -29,3 +37,14 @@ def main(argv: list[str]) -> int:
         pass
     print(f"plot: {demo_plot(cfg.run.output_dir)}", flush=True)
     return 0
+
+
+def restart_command(argv: list[str], flag: str) -> str:
+    """This command with its --resume / --overwrite / run.resume / run.overwrite replaced by `flag`; under
+    torchrun with its launcher in front (one node: the same --nproc_per_node)."""
+    keys = ("run.resume=", "resume=", "run.overwrite=", "overwrite=")
+    args = [a for a in argv if a not in ("--resume", "--overwrite") and not a.startswith(keys)]
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    launcher = (["torchrun", f"--nproc_per_node={world}", "-m", "grpokit"] if world > 1 and local == world
+                else ["torchrun", "<your launcher options>", "-m", "grpokit"] if world > 1 else ["grpokit"])
+    return shlex.join([*launcher, "train", *args, flag])
