@@ -226,6 +226,7 @@ def test_a_second_signal_ends_the_step_in_progress_at_once(server, reference, tm
     out = tmp_path / "run"
     pid = start(server, out, sleep=2.5)                  # a step of about 2.5 s
     wait_for(lambda: logged(out) >= 1, "step 1")
+    time.sleep(0.3)                                      # into step 2 (between steps a signal stops at once)
     os.kill(pid, signal.SIGINT)                          # step 2 will finish first ...
     time.sleep(REPEAT_S + 0.2)
     os.kill(pid, signal.SIGINT)                          # ... unless a second signal comes
@@ -300,7 +301,7 @@ def test_a_repeat_within_a_second_is_the_same_interrupt_and_outside_a_step_a_sig
         with signals.step():
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)         # torchrun forwarding the Ctrl-C its workers also got
-        assert signals.signum == signal.SIGTERM
+        assert signals.step_done() == signal.SIGTERM
         time.sleep(REPEAT_S)
         with pytest.raises(RunInterrupted) as caught, signals.step():
             os.kill(os.getpid(), signal.SIGINT)          # a second signal, later: at once
@@ -310,6 +311,18 @@ def test_a_repeat_within_a_second_is_the_same_interrupt_and_outside_a_step_a_sig
         os.kill(os.getpid(), signal.SIGINT)              # no step in progress: at once
         time.sleep(5)
     assert not caught.value.during_step and caught.value.exit_code == 130
+
+
+def test_a_signal_that_lands_in_a_finalizer_is_delivered_again_outside_it():
+    class Finalized:
+        def __del__(self):                                # Python drops an exception raised in here
+            os.kill(os.getpid(), signal.SIGTERM)
+            sum(range(1000))
+
+    with pytest.raises(RunInterrupted) as caught, Interrupts():
+        Finalized()                                       # collected at once: the signal lands in __del__
+        time.sleep(5)
+    assert caught.value.exit_code == 143
 
 
 # --- torchrun ----------------------------------------------------------------------------------------------

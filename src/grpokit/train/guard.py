@@ -75,11 +75,11 @@ class RunGuard:
         with self.signals.step():                # a signal while the old run moves aside waits for the move
             self._on_rank0(prepare)
         self.prepared = True
-        if self.signals.signum is not None:
+        if self.signals.step_done() is not None:
             raise RunInterrupted(self.signals.signum, during_step=False)
 
     def step(self) -> contextlib.AbstractContextManager:
-        """The step in progress: the first SIGINT / SIGTERM inside is acted on after it (`after_step`)."""
+        """The step in progress: a first SIGINT / SIGTERM from here on is acted on in `after_step`."""
         self._current = (self.state.step if self.state is not None else 0) + 1
         return self.signals.step()
 
@@ -87,7 +87,7 @@ class RunGuard:
         """Commit a replacement once a checkpoint exists; on a signal at any rank, every rank stops here
         (with a checkpoint first when run.save_on_interrupt), raising RunInterrupted."""
         self._commit_if_saved()
-        if self.dist.all_true(self.signals.signum is None):
+        if self.dist.all_true(self.signals.step_done() is None):
             return
         run = self.cfg.run
         saved = run.save_steps and state.step % run.save_steps == 0   # the step's periodic checkpoint
