@@ -67,14 +67,26 @@ def one_line(e: BaseException) -> str:
 
 
 def run_command(command: Callable[[list[str]], int], argv: list[str], debug: bool = False) -> int:
-    """Run one command; a user error becomes `error: ...` on stderr and exit 2 (--debug: the traceback)."""
+    """Run one command; a user error becomes `error: ...` on stderr and exit 2 (--debug: the traceback).
+
+    SIGINT / SIGTERM (`grpokit.train.interrupt.RunInterrupted`, or a bare Ctrl-C) print one line saying
+    where the command stopped and exit 128 + the signal number (130, 143). An error marked `quiet` (a
+    torchrun rank other than 0 repeating rank 0's) prints nothing.
+    """
     try:
         return command(argv)
     except user_errors() as e:
         if debug:
             raise
-        print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+        if not getattr(e, "quiet", False):
+            print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt as e:
+        if debug:
+            raise
+        if not getattr(e, "quiet", False):
+            print(f"grpokit: {str(e) or 'interrupted'}", file=sys.stderr, flush=True)
+        return getattr(e, "exit_code", 130)
 
 
 def check_out_file(path: str | Path, flag: str) -> Path:

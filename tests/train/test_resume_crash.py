@@ -4,16 +4,12 @@ run.resume=auto each time, and must end with weights bit-identical to an uninter
 metrics.jsonl holding every step exactly once.
 
 The children are forked from one helper process that imported torch / transformers / grpokit once
-(with one CPU thread, nothing computed before the fork), so each run starts in well under a second
-instead of paying the import time again; a SIGKILL to a child is a real kill of a real process.
+(tests/live_runs.py), so each run starts in well under a second instead of paying the import time
+again; a SIGKILL to a child is a real kill of a real process.
 """
 
-import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,91 +20,25 @@ from safetensors.torch import load_file
 from grpokit.observe.metrics import read_metrics
 from grpokit.train.checkpoint import list_checkpoints
 from grpokit.train.resume import verify_checkpoint
+from live_runs import ForkServer, logged, tiny_train_argv, wait_for  # tests/live_runs.py
 
 STEPS, SAVE = 12, 3
 DENSE = str(Path(__file__).with_name("test_guards.py").resolve()) + ":dense_reward"
 
-FORK_SERVER = r"""
-import json, os, sys
-import torch, transformers, safetensors.torch, tqdm
-import grpokit.cli.main, grpokit.train.loop, grpokit.train.checkpoint, grpokit.tasks, grpokit.rewards.scoring
-from transformers import Qwen2ForCausalLM, PreTrainedTokenizerFast
-print("ready", flush=True)
-for line in sys.stdin:
-    req = json.loads(line)
-    if req["op"] == "wait":
-        _, status = os.waitpid(req["pid"], 0)
-        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
-        continue
-    pid = os.fork()
-    if pid == 0:
-        os.environ.update(req["env"])
-        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        try:
-            rc = grpokit.cli.main.main(req["argv"])
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-            rc = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
-    print(json.dumps({"pid": pid}), flush=True)
-"""
 
-
-class ForkServer:
-    def __init__(self) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
-        assert self.proc.stdout.readline().strip() == "ready"
-
-    def _ask(self, req: dict) -> dict:
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
+class TrainServer(ForkServer):
     def start(self, out: Path, env: dict | None = None, extra: tuple[str, ...] = ()) -> int:
-        argv = ["train", "model.name_or_path=builtin:tiny-random", "task.num_train=64", "task.num_eval=8",
-                f"reward.funcs={{{DENSE}: 1.0}}", "rollout.prompts_per_step=2", "rollout.num_generations=4",
-                "rollout.max_completion_length=8", "optim.learning_rate=3e-3", "run.eval_limit=0",
-                "run.progress=false", f"run.max_steps={STEPS}", f"run.save_steps={SAVE}",
-                "run.save_total_limit=2", f"run.output_dir={out}", "run.resume=auto", *extra]
+        argv = tiny_train_argv(out, DENSE, "run.save_total_limit=2", "run.resume=auto", *extra, steps=STEPS,
+                               save=SAVE)
         out.parent.mkdir(parents=True, exist_ok=True)
-        return self._ask({"op": "run", "argv": argv, "env": env or {}, "log": str(out) + ".log"})["pid"]
-
-    def wait(self, pid: int) -> int:
-        return self._ask({"op": "wait", "pid": pid})["rc"]
-
-    def kill(self, pid: int) -> int:
-        os.kill(pid, signal.SIGKILL)
-        return self.wait(pid)
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        return self.run(argv, str(out) + ".log", env)
 
 
 @pytest.fixture(scope="module")
 def server():
-    s = ForkServer()
+    s = TrainServer()
     yield s
     s.close()
-
-
-def logged(out: Path) -> int:
-    return len(read_metrics(out)) if (out / "metrics.jsonl").exists() else 0
-
-
-def wait_for(cond, what: str, timeout: float = 120.0) -> None:
-    end = time.time() + timeout
-    while not cond():
-        assert time.time() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def assert_checkpoints_whole(out: Path) -> None:

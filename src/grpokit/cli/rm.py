@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -45,6 +43,8 @@ from grpokit.rewards.rm_train import (
     train_reward_model,
 )
 from grpokit.tasks import load_examples
+from grpokit.train.checkpoint import written_aside
+from grpokit.train.guard import owned_folder
 
 SEP_DEFAULT = RMConfig().step_separator
 
@@ -99,25 +99,9 @@ def _read_all(paths: list[str], kind: str, separator: str) -> list[RMSample]:
     return [s for path in paths for s in read_samples(path, kind=kind, step_separator=separator)]
 
 
-def _prepare_out(path: str, overwrite: bool) -> Path:
-    out = check_out_dir(path, "--out")
+def _refuse_non_empty(out: Path, overwrite: bool) -> None:
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"--out '{out}' exists and is not empty: choose another folder or pass --overwrite")
-    return out
-
-
-def _save_aside(model, tokenizer, out: Path, **meta: Any) -> None:
-    """Save into a hidden sibling folder, then swap it in: a failure leaves the old --out untouched."""
-    tmp = out.with_name(f".tmp-{out.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        save_reward_model(model, tokenizer, tmp, **meta)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
 
 
 def _train_args(argv: list[str]) -> argparse.Namespace:
@@ -148,7 +132,13 @@ def _train_args(argv: list[str]) -> argparse.Namespace:
 
 def cmd_train(argv: list[str]) -> int:
     args = _train_args(argv)
-    out = _prepare_out(args.out, args.overwrite)
+    out = check_out_dir(args.out, "--out")
+    with owned_folder(out, "--out"):   # one writer per --out; SIGINT / SIGTERM: one line, --out as it was
+        _refuse_non_empty(out, args.overwrite)
+        return _train(args, out)
+
+
+def _train(args: argparse.Namespace, out: Path) -> int:
     samples = _read_all(args.data, args.kind, args.step_separator)
     train, held = split_by_group(samples, args.eval_share, torch.Generator().manual_seed(args.seed))
     _say(f"{len(samples)} samples of {len({s.group for s in samples})} groups: {len(train)} train, "
@@ -174,7 +164,8 @@ def cmd_train(argv: list[str]) -> int:
               "eval_share": args.eval_share,
               "seed": args.seed, "num_train": len(train), "num_held_out": len(held),
               "train_seconds": round(time.time() - start, 1), "history": history}
-    _save_aside(model, tokenizer, out, init=args.init, report=report, **common)
+    with written_aside(out) as tmp:   # swapped in whole: the old --out stays until the new one is complete
+        save_reward_model(model, tokenizer, tmp, init=args.init, report=report, **common)
     _say(f"reward model saved to {out}" + (f" (held out: {_figures(held_out)})" if held_out else ""))
     return 0
 

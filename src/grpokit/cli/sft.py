@@ -15,9 +15,12 @@ import torch
 
 from grpokit.config.run_config import train_config
 from grpokit.config.schema import GRPOConfig
+from grpokit.errors import check_out_dir
 from grpokit.model.loading import DEMO_CHECKPOINT, build_char_tokenizer
 from grpokit.tasks import load_examples
+from grpokit.train.checkpoint import written_aside
 from grpokit.train.evaluate import evaluate
+from grpokit.train.guard import owned_folder
 from grpokit.train.sft import DEFAULTS, DEMO_SHAPE, build_demo_model, train_sft
 
 log = logging.getLogger("grpokit")
@@ -39,8 +42,14 @@ def main(argv: list[str]) -> int:
                    help="held-out problems to evaluate at the end (0: none)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (the recipe was timed with 2)")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
     cfg = sft_config(args.items + ["model.device=cpu", "run.progress=false"])
+    out = check_out_dir(args.out, "--out")
+    with owned_folder(out, "--out"):   # one writer per --out; SIGINT / SIGTERM: one line, --out as it was
+        return _warm_up(args, cfg, out)
+
+
+def _warm_up(args: argparse.Namespace, cfg: GRPOConfig, out: Path) -> int:
+    torch.set_num_threads(args.threads)
     tokenizer = build_char_tokenizer()
     model = build_demo_model(tokenizer, args.seed)
     n_params = sum(t.numel() for t in model.parameters())
@@ -56,11 +65,10 @@ def main(argv: list[str]) -> int:
                           limit=args.eval_limit, progress=False)
         report["eval"] = result
         print(" ".join(f"{k}={v:.4f}" for k, v in result.items()), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "sft_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    with written_aside(out) as tmp:   # swapped in whole: the old --out stays until the new one is complete
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "sft_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"saved {out} ({n_params / 1e6:.2f} M parameters, {rows[-1]['seconds']:.0f}s of training)",
           flush=True)
     return 0

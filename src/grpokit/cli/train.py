@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shlex
 
 from grpokit.config.run_config import describe, train_config
 from grpokit.config.validation import objective_warnings
 from grpokit.observe.demo import before_after_table, demo_plot
+from grpokit.train.interrupt import RunInterrupted
 from grpokit.train.loop import train_grpo
 
 
@@ -24,7 +27,12 @@ def main(argv: list[str]) -> int:
     print(describe(cfg), flush=True)
     for warning in objective_warnings(cfg):   # valid, but probably not what was meant
         logging.getLogger("grpokit").warning(warning)
-    state = train_grpo(cfg)
+    try:
+        state = train_grpo(cfg)
+    except RunInterrupted as e:   # its one line ends with the command that resumes (or starts over)
+        if e.restart_flag[0]:
+            e.restart = f"{e.verb} with: {restart_command(argv, e.restart_flag[0])}"
+        raise
     if not state.dist.is_main:   # under torchrun rank 0 alone reports and draws the plot
         return 0
     print(f"done: {state.step} steps; metrics in {cfg.run.output_dir}/metrics.jsonl, "
@@ -35,3 +43,14 @@ def main(argv: list[str]) -> int:
         pass
     print(f"plot: {demo_plot(cfg.run.output_dir)}", flush=True)
     return 0
+
+
+def restart_command(argv: list[str], flag: str) -> str:
+    """This command with its --resume / --overwrite / run.resume / run.overwrite replaced by `flag`; under
+    torchrun with its launcher in front (one node: the same --nproc_per_node)."""
+    keys = ("run.resume=", "resume=", "run.overwrite=", "overwrite=")
+    args = [a for a in argv if a not in ("--resume", "--overwrite") and not a.startswith(keys)]
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    launcher = (["torchrun", f"--nproc_per_node={world}", "-m", "grpokit"] if world > 1 and local == world
+                else ["torchrun", "<your launcher options>", "-m", "grpokit"] if world > 1 else ["grpokit"])
+    return shlex.join([*launcher, "train", *args, flag])

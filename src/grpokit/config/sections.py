@@ -239,9 +239,12 @@ class RunConfig:
     eval_limit: int = _f(0, "held-out problems per evaluation; 0 = none, -1 = all")
     save_steps: int = _f(0, "checkpoint every N steps; 0 = only the final model")
     save_total_limit: int = _f(2, "checkpoints kept")
+    save_on_interrupt: bool = _f(False, "on SIGINT / SIGTERM, also checkpoint the step the run stopped after "
+                                 "(default: resume from the last periodic checkpoint)")
     resume: bool | str = _f(False, "true: continue from the newest complete checkpoint in output_dir "
                             "(error if none) | auto: continue if there is one, else start fresh | false")
-    overwrite: bool = _f(False, "allow an output_dir that holds another run")
+    overwrite: bool = _f(False, "replace the run in output_dir: the old one is kept aside until the new one "
+                         "has its first checkpoint (or final model), and put back if it fails before")
     report_to: list = _f([], "extra loggers: tensorboard, wandb, mlflow, trackio")
     log_completions_steps: int = _f(0, "write sample completions every N steps; 0 = never")
     track_prompts: bool = _f(False, "per-prompt reward history")

@@ -12,6 +12,8 @@
                  fsdp_checkpoint: the same checkpoint with sharded weights; export: the final model
     distributed  DDP / FSDP2 over torch.distributed
     data         the seeded, resumable prompt order; callbacks: transformers-style callbacks
-    preflight    checks before a run starts; run_dir, resume_logs: the output folder
+    preflight    checks before a run starts; run_dir, resume_logs: the output folder (--overwrite too)
+    guard        what a run holds while it writes: run_lock (one writer per folder), interrupt (SIGINT,
+                 SIGTERM: stop after the step, one line), the --overwrite transaction
     sft          the supervised warm-up that makes the built-in demo checkpoint
 """

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from grpokit.train.resume_logs import METRICS_FILE
-from grpokit.train.run_dir import OutputDirError, list_checkpoints
+from grpokit.train.run_dir import OutputDirError, fsync_path, list_checkpoints
 
 log = logging.getLogger("grpokit")
 
@@ -85,15 +85,6 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    """fsync a file, or a folder's entry table (so a rename inside it is durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _tensor_bytes(tensors) -> int:
@@ -160,45 +151,44 @@ def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None
     files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in paths}
     (tmp / MANIFEST).write_text(json.dumps({"format": 1, "step": state.step, "files": files}, indent=2))
     for p in [*paths, tmp / MANIFEST, *sorted(p for p in tmp.rglob("*") if p.is_dir()), tmp]:
-        _fsync(p)
+        fsync_path(p)
 
 
 def point_latest(out: Path, name: str) -> None:
     """Atomically rewrite `latest` to name (write aside, fsync, rename, fsync the folder)."""
     pointer = out / "latest.tmp"
     pointer.write_text(name)
-    _fsync(pointer)
+    fsync_path(pointer)
     os.replace(pointer, out / "latest")
-    _fsync(out)
+    fsync_path(out)
 
 
 def swap_in(tmp: Path, final: Path) -> None:
     """Put the finished folder tmp at final: an existing final is renamed aside first, then deleted.
 
-    Each step is a rename, so a kill at any moment leaves either the old or the new folder under
-    final's name (or none, never a half-written or half-deleted one); the hidden leftovers
-    (`.old-<name>`, `.tmp-<name>`) are removed at the next start (`prepare_output_dir`).
+    Two renames, then the delete: a kill at any moment leaves the old or the new folder whole under
+    final's name (none only between the two renames), never a half-written or half-deleted one; the
+    hidden leftovers (`.old-<name>`, `.tmp-<name>`) are removed at the next start (`prepare_output_dir`).
     """
-    parent = final.parent
+    parent, old = final.parent, final.parent / f".old-{final.name}"
+    shutil.rmtree(old, ignore_errors=True)
     if final.exists():
-        old = parent / f".old-{final.name}"
-        shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
-        shutil.rmtree(old, ignore_errors=True)
     os.replace(tmp, final)
-    _fsync(parent)
+    fsync_path(parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def written_aside(final: Path) -> Iterator[Path]:
     """A fresh hidden folder `.tmp-<name>` beside final to write into; once the block ends it replaces
-    final (`swap_in`). An error removes it; a kill leaves it for the next start to remove."""
+    final (`swap_in`). An error or an interrupt removes it; a kill leaves it for the next start to remove."""
     tmp = final.parent / f".tmp-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
-    except Exception:
+    except (Exception, KeyboardInterrupt):   # an error, or SIGINT / SIGTERM (grpokit.train.interrupt)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     swap_in(tmp, final)

@@ -3,7 +3,8 @@
 Around the step: evaluation before, during and after (evaluate.py), checkpoints every run.save_steps
 (checkpoint.py, or distributed.py with several ranks), one metrics.jsonl row per step, trackers and
 callbacks, Algorithm 1's outer loop (reward-model continual training and a reference reset, iterative.py),
-and the final model saved with save_pretrained into run.output_dir/final.
+and the final model saved with save_pretrained into run.output_dir/final. All of it inside the run's guard
+(guard.py): the output folder's lock, --overwrite as a transaction, SIGINT / SIGTERM after the step.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from grpokit.observe.metrics import MetricsWriter, PhaseTimer, finish_step_row, 
 from grpokit.observe.tracking import Tracker
 from grpokit.rewards.scoring import build_reward_funcs
 from grpokit.tasks import TaskError, load_examples
-from grpokit.train import checkpoint, run_dir
+from grpokit.train import checkpoint
 from grpokit.train.callbacks import Observers, TrainHooks
 from grpokit.train.data import PromptStream
 from grpokit.train.distributed import Distributed, Silent
 from grpokit.train.evaluate import evaluate
 from grpokit.train.export import save_final
+from grpokit.train.guard import RunGuard
 from grpokit.train.iterative import RewardLoop
 from grpokit.train.ppo import build_critic
 from grpokit.train.preflight import check_environment, check_prompts
@@ -99,25 +101,31 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     hooks (tests only): {"after_step": fn(state, metrics)}. callbacks: transformers-style TrainerCallbacks
     (or a `grpokit.train.callbacks.TrainHooks`); reward_funcs: (name, fn, weight) triples instead of cfg's;
     ref_model: the reference with beta > 0 (None: a frozen copy of the policy, made here)."""
-    from tqdm import tqdm
-
-    hooks = hooks or {}
-    out_dir = Path(cfg.run.output_dir)
     resolve_report_to(cfg.run.report_to)  # a missing tracker package fails now, not after loading the model
     check_environment(cfg)                 # the device and optional packages too (grpokit.train.preflight)
     # several ranks: only rank 0 writes, evaluates and saves
     dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device)
-    if dist.is_main:
-        run_dir.check_output_dir(cfg)   # refuse a busy or unwritable folder now, deleting nothing
-    else:
+    if not dist.is_main:
         log.setLevel(logging.WARNING)
+    # rank 0 locks run.output_dir and checks it (deleting nothing); SIGINT / SIGTERM end the run cleanly
+    with RunGuard(cfg, dist) as guard:
+        return _train(cfg, dist, guard, model, tokenizer, train_examples=train_examples,
+                      eval_examples=eval_examples, hooks=hooks or {}, callbacks=callbacks,
+                      reward_funcs=reward_funcs, ref_model=ref_model)
+
+
+def _train(cfg: GRPOConfig, dist: Distributed, guard: RunGuard, model, tokenizer, *, train_examples,
+           eval_examples, hooks, callbacks, reward_funcs, ref_model) -> TrainState:
+    """`train_grpo` inside its RunGuard (grpokit.train.guard)."""
+    from tqdm import tqdm
+
+    out_dir = Path(cfg.run.output_dir)
     state = build_state(cfg, model, tokenizer, train_examples=train_examples, eval_examples=eval_examples,
                         reward_funcs=reward_funcs, dist=dist, ref_model=ref_model)
     check_prompts(cfg, state.tokenizer, state.stream.examples, state.eval_examples)  # chat template, lengths
     events = callbacks if isinstance(callbacks, TrainHooks) else TrainHooks(cfg, callbacks)
     state.reward_hooks = events.reward_kwargs()
-    if dist.is_main:  # everything loaded: only now may --overwrite clear the previous run
-        run_dir.prepare_output_dir(cfg)
+    guard.prepare_output_dir(state)  # everything loaded: only now may --overwrite move the old run aside
     dist.barrier()
     resumed = state.dist.resume(state, out_dir)
     main = state.dist.is_main
@@ -133,7 +141,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     try:
         while state.step < cfg.run.max_steps:
             # phases inside: generate reward ref_forward old_forward advantage update save log
-            with timer("step"):
+            with timer("step"), guard.step():   # a SIGINT / SIGTERM now ends the run after this step
                 metrics = step(state, timer, Observers(tracker, events))
                 if state.reward_loop is not None and state.reward_loop.at_boundary(state.step):
                     with timer("reward_model"):  # Algorithm 1: RM continual training, reference <- policy
@@ -149,6 +157,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
                 with timer("log"):
                     _log_step(state, metrics, timer, writer=writer, loggers=loggers, bar=bar, events=events)
             trained_s += timer.pop().get("time/step", 0.0)
+            guard.after_step(state)   # the old run goes once this one has a checkpoint; a signal stops here
             if "after_step" in hooks:
                 hooks["after_step"](state, metrics)
             if events.step_end(state, metrics):  # a callback set control.should_training_stop

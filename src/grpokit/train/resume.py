@@ -43,7 +43,7 @@ HARMLESS_KEYS = frozenset({
     "run.save_total_limit", "run.resume", "run.overwrite", "run.report_to", "run.log_completions_steps",
     "run.track_prompts", "run.max_bad_steps", "run.progress", "run.output_dir", "task.eval_split",
     "model.device", "model.gradient_checkpointing", "optim.micro_batch_size", "rollout.generation_batch_size",
-    "rollout.reuse_activations",
+    "rollout.reuse_activations", "run.save_on_interrupt",
 })
 
 
