@@ -30,6 +30,7 @@ from grpokit.config.choices import (
     StepLabels,
     TaskName,
     TISLevel,
+    ToolFormat,
     TruncatePrompt,
     VLLMMode,
 )
@@ -73,7 +74,8 @@ class ModelConfig:
 class TaskConfig:
     name: TaskName = _choice(TaskName, "arithmetic", hf="a datasets-readable jsonl / parquet "
                              "file or save_to_disk folder, TRL's format: a prompt column, other columns to "
-                             "the rewards")
+                             "the rewards", environment="no data: num_train / num_eval empty prompts that "
+                             "rollout.environment's reset() fills")
     path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl / hf")
     train_split: str = _f("train", "split the policy trains on")
     eval_split: str = _f("test", "held-out split for evaluation")
@@ -126,6 +128,21 @@ class RolloutConfig:
     vllm_cpu_threads: int = _f(0, "backend=vllm colocate on CPU: torch threads of the training process, "
                                "which the engine shares (set before it starts; vLLM then forbids changes); "
                                "0 = as is")
+    tools: list = _f([], "agents: functions the model may call, as 'package.module:function' (type hints and "
+                     "a docstring give the schema; plain or async def)")
+    environment: str | None = _f(None, "agents: one environment per rollout, 'package.module:Class' or a "
+                                 "built-in (calculator, guess_number); reset(**row) may extend the prompt, "
+                                 "its public methods are tools, get_reward() a reward")
+    max_tool_calling_iterations: int | None = _f(None, "agents: tool rounds per trajectory; None = until the "
+                                                 "model answers or max_completion_length (model and tool "
+                                                 "tokens together) runs out")
+    tool_timeout: float = _f(30.0, "agents: seconds per tool call; past it the model reads a timeout error")
+    max_tool_output_chars: int = _f(2000, "agents: a tool result longer than this is cut (0 = never)")
+    tool_format: ToolFormat = _choice(ToolFormat, "auto", before="agents: tool calls and results in ",
+                                      auto="chat with chat prompts, else plain",
+                                      chat="the chat template's (Hermes/Qwen <tool_call>, or the tokenizer's "
+                                           "response_template)",
+                                      plain="<tool_call>name(args)</tool_call> and <tool_response> text")
     vllm_enforce_eager: bool | str = _f("auto", "backend=vllm colocate: no torch.compile / CUDA graphs: auto "
                                         "(eager on CPU, where compiling costs ~2 min at start; compiled on "
                                         "GPU) | true | false")

@@ -149,7 +149,9 @@ def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None
                 "step": state.step, "cursor": state.stream.cursor,
                 "bad_steps": state.bad_steps, "skipped_updates": getattr(state, "skipped_updates", 0),
                 "metrics_offset": {"bytes": size, "rows": rows},
-                "metrics_row": None if metrics_row is None else json.dumps(metrics_row, default=float)},
+                "metrics_row": None if metrics_row is None else json.dumps(metrics_row, default=float),
+                # environments' random states (rollout.environment; grpokit.agents.environments)
+                "env_rng": state.agent.rng_state() if getattr(state, "agent", None) is not None else None},
                tmp / STATE_FILE)
     (tmp / "config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
     if getattr(state, "reward_loop", None) is not None:  # Algorithm 1: the RM, its optimizer, the replay pool
@@ -336,6 +338,8 @@ def load_checkpoint(state, folder: Path) -> dict[str, Any]:
     set_rng_state(ranks[dist.rank] if dist is not None and len(ranks) == dist.world_size > 1 else blob["rng"])
     if getattr(state, "reward_loop", None) is not None:
         state.reward_loop.load(folder)
+    if getattr(state, "agent", None) is not None:
+        state.agent.set_rng_state(blob.get("env_rng"))
     return blob
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from grpokit.agents.agent import agent_from_config
 from grpokit.config.schema import GRPOConfig
 from grpokit.model.loading import load_model_and_tokenizer
 from grpokit.model.lora import is_peft_model, reference_for, save_lora
@@ -41,12 +42,14 @@ log = logging.getLogger("grpokit")
 
 def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
                 eval_examples: list | None = None, reward_funcs: list | None = None,
-                dist: Distributed | None = None) -> TrainState:
+                dist: Distributed | None = None, agent=None) -> TrainState:
     """Load the policy (or take the given one), its frozen reference (only when beta > 0), data, rewards.
 
     train_examples / eval_examples: objects with .prompt, .answer, .columns (grpokit.tasks.Example);
     when None they come from the configured task. reward_funcs: (name, fn, weight) triples; None: from
     cfg.reward.funcs. dist: the ranks (`train_grpo` passes the one it opened); None: from the environment.
+    agent: tools and environments (`grpokit.agents.agent.Agent`); None: from rollout.tools /
+    rollout.environment (no tools: single-turn sampling); its environments' get_reward() join the rewards.
     """
     if dist is None:  # torchrun / accelerate launch: N ranks; else a no-op
         dist = Distributed.from_env(cfg.run.fsdp)
@@ -74,11 +77,16 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     if cfg.loss.algorithm == "ppo":  # the comparison baseline: a value model initialised from the policy
         critic = build_critic(model, cfg)
     funcs = reward_funcs or build_reward_funcs(cfg, next(model.parameters()).device)
+    agent = agent if agent is not None else agent_from_config(cfg)
+    if agent is not None:   # an environment's get_reward(): one more reward column, weight 1 (TRL's)
+        funcs = funcs + [f for f in agent.reward_funcs if f[0] not in {n for n, _, _ in funcs}]
+    if not funcs:
+        raise TaskError("no reward: name reward.funcs, or use an environment that defines get_reward()")
     # Algorithm 1: trains the rm: reward in place
     loop = RewardLoop(cfg, funcs) if cfg.run.iterations else None
     return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs,
                       dist.shard_stream(PromptStream(train, cfg.run.seed)), evals, critic=critic, dist=dist,
-                      reward_loop=loop)
+                      reward_loop=loop, agent=agent)
 
 
 def save_final(state: TrainState, out_dir: str | Path) -> Path:
@@ -99,13 +107,14 @@ def save_final(state: TrainState, out_dir: str | Path) -> Path:
 
 def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
                eval_examples: list | None = None, hooks: dict[str, Callable] | None = None,
-               callbacks: TrainHooks | list | None = None, reward_funcs: list | None = None) -> TrainState:
+               callbacks: TrainHooks | list | None = None, reward_funcs: list | None = None,
+               agent=None) -> TrainState:
     """[H] The GRPO loop: fresh samples every step, one metrics.jsonl row per step, evaluation before
     and after (when run.eval_limit != 0), checkpoints every run.save_steps, the final model saved with
     save_pretrained into run.output_dir/final.
 
     hooks (tests only): {"after_step": fn(state, metrics)}. callbacks: transformers-style TrainerCallbacks
-    (or a `grpokit.train.callbacks.TrainHooks`); reward_funcs: (name, fn, weight) triples instead of cfg's.
+    (or a `grpokit.train.callbacks.TrainHooks`); reward_funcs, agent: instead of cfg's (see `build_state`).
     """
     from tqdm import tqdm
 
@@ -119,7 +128,7 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     else:
         log.setLevel(logging.WARNING)
     state = build_state(cfg, model, tokenizer, train_examples=train_examples, eval_examples=eval_examples,
-                        reward_funcs=reward_funcs, dist=dist)
+                        reward_funcs=reward_funcs, dist=dist, agent=agent)
     check_prompts(cfg, state.tokenizer, state.stream.examples, state.eval_examples)  # chat template, lengths
     events = callbacks if isinstance(callbacks, TrainHooks) else TrainHooks(cfg, callbacks)
     state.reward_hooks = events.reward_kwargs()
@@ -235,7 +244,7 @@ def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:
         if not state.dist.is_main:
             return {}
         result = evaluate(state.model, state.tokenizer, state.eval_examples, cfg, limit=cfg.run.eval_limit,
-                          reward_funcs=state.reward_funcs, reward_extra=state.reward_hooks)
+                          reward_funcs=state.reward_funcs, reward_extra=state.reward_hooks, agent=state.agent)
     row = {"tag": tag, "step": state.step, **result}
     with open(Path(cfg.run.output_dir) / "eval.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")

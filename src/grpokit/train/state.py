@@ -43,6 +43,9 @@ class TrainState:
     reward_hooks: dict = field(default_factory=dict)  # TRL's trainer_state, log_metric, log_extra (callbacks)
     # run.iterations > 0: grpokit.train.iterative.RewardLoop (Algorithm 1's RM training)
     reward_loop: Any = None
+    # rollout.tools / rollout.environment (or TRL's tools, environment_factory, rollout_func):
+    # a grpokit.agents.agent.Agent that samples multi-turn rollouts; None: one turn per completion
+    agent: Any = None
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:
