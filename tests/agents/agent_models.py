@@ -1,7 +1,7 @@
 """Tiny models that call tools, made in seconds: a random-init Qwen2 memorizes a few tool-calling traces.
 
-    model, tok = plain_caller()       # char tokenizer; "What is 12*34?" -> <tool_call>multiply(12,34)</tool_call>...
-    model, tok = chat_caller()        # the same as Hermes chat turns (<|im_start|> ... <|im_end|>)
+    model, tok = plain_caller()   # "What is 12*34?" -> <tool_call>multiply(12,34)</tool_call>...
+    model, tok = chat_caller()    # the same as Hermes chat turns (<|im_start|> ... <|im_end|>)
 
 Memorizing (a few hundred full-batch Adam steps on a handful of traces) makes the model emit the calls
 with high probability even when sampling, so multi-turn rollouts have tool turns to test.
@@ -25,8 +25,8 @@ HERMES = (
     "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
     "{% for m in messages %}"
     "{% if m.role == 'assistant' %}<|im_start|>assistant\n"
-    "{% if m.reasoning_content and (KEEP or loop.index0 == ns.last) %}<think>{{ m.reasoning_content }}</think>"
-    "{% endif %}{{ m.content }}"
+    "{% if m.reasoning_content and (KEEP or loop.index0 == ns.last) %}"
+    "<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}"
     "{% for c in m.tool_calls or [] %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
     "{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
     "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
@@ -97,7 +97,8 @@ def _chat_state(prefix_preserving: bool) -> dict:
             {"role": "assistant", "content": "", "tool_calls": call},
             {"role": "tool", "name": "multiply", "content": str(c)},
             {"role": "assistant", "content": f"\\boxed{{{c}}}"}]
-        head = tok.apply_chat_template(chat_messages(p), tools=schema, add_generation_prompt=True, tokenize=False)
+        head = tok.apply_chat_template(chat_messages(p), tools=schema, add_generation_prompt=True,
+                                       tokenize=False)
         full = tok.apply_chat_template(convo, tools=schema, tokenize=False)
         prompts.append(head)
         targets.append(full[len(head):].removesuffix("<|im_end|>\n"))   # encode_pairs adds the EOS

@@ -4,8 +4,8 @@ template that is not prefix-preserving (the stream continues as sampled; such tu
 from __future__ import annotations
 
 import torch
-
 from agent_models import PROMPTS, chat_caller, chat_messages, chat_tokenizer
+
 from grpokit.agents.agent import agent_from_config
 from grpokit.agents.formats import ChatFormat, template_is_prefix_preserving
 from grpokit.agents.tools import as_tool
@@ -23,7 +23,8 @@ def test_results_are_the_template_tool_message_after_the_assistant_eos():
     tok = chat_tokenizer()
     fmt = ChatFormat(tok, [tok.eos_token_id])
     ids = fmt.render([ToolCall("multiply", {"a": 1}, "408")])
-    assert tok.decode(ids) == "\n<|im_start|>user\n<tool_response>408</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(ids) == ("\n<|im_start|>user\n<tool_response>408</tool_response><|im_end|>\n"
+                               "<|im_start|>assistant\n")
 
 
 def test_hermes_calls_are_parsed_and_the_content_kept():
@@ -35,26 +36,27 @@ def test_hermes_calls_are_parsed_and_the_content_kept():
                add_special_tokens=False)["input_ids"]
     message, requests = fmt.parse(turn, [], {"multiply": as_tool(multiply)})
     assert message["content"] == "Let me."
-    assert [(q.name, q.kwargs, q.tool is not None) for q in requests] == [("multiply", {"a": 3, "b": 4}, True),
-                                                                         ("divide", {}, False)]
+    got = [(q.name, q.kwargs, q.tool is not None) for q in requests]
+    assert got == [("multiply", {"a": 3, "b": 4}, True), ("divide", {}, False)]
 
 
 def test_a_tokenizer_response_template_reads_the_calls(monkeypatch):
-    """With `response_template` set, transformers' parse_response (TRL's parser) decides what the calls are."""
+    """With `response_template` set, transformers' parse_response (TRL's parser) decides the calls."""
     tok = chat_tokenizer()
     fmt = ChatFormat(tok, [tok.eos_token_id])
     seen = {}
 
     def parse_response(ids, prefix=None, tools=None):
         seen.update(ids=ids, prefix=prefix, tools=tools)
-        return {"role": "assistant", "content": "ok",
-                "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": '{"a": 5}'}}]}
+        call = {"type": "function", "function": {"name": "multiply", "arguments": '{"a": 5}'}}
+        return {"role": "assistant", "content": "ok", "tool_calls": [call]}
 
     monkeypatch.setattr(tok, "response_template", {"x": 1}, raising=False)   # this tokenizer object only
     monkeypatch.setattr(tok, "parse_response", parse_response, raising=False)
     from grpokit.agents.builtin import multiply
     message, requests = fmt.parse([5, 6], [1, 2], {"multiply": as_tool(multiply)})
-    assert seen["ids"] == [5, 6] and seen["prefix"] == [1, 2] and seen["tools"][0]["function"]["name"] == "multiply"
+    assert seen["ids"] == [5, 6] and seen["prefix"] == [1, 2]
+    assert seen["tools"][0]["function"]["name"] == "multiply"
     assert message["content"] == "ok" and requests[0].kwargs == {"a": 5}
 
 
@@ -62,7 +64,8 @@ def test_tools_render_into_the_prompt_and_completions_are_messages():
     model, tok = chat_caller()
     cfg = build_config(CFG)
     torch.manual_seed(0)
-    r, _ = agent_from_config(cfg).sample(model, tok, [Example(chat_messages(p), "", {}) for p in PROMPTS], 2, cfg)
+    examples = [Example(chat_messages(p), "", {}) for p in PROMPTS]
+    r, _ = agent_from_config(cfg).sample(model, tok, examples, 2, cfg)
     prompt = tok.decode(r.prompt_ids[0][r.prompt_mask[0].bool()])
     assert prompt.startswith("<|im_start|>system\nmultiply <|im_end|>")
     two = [i for i, t in enumerate(r.trajectories) if len(t.turns) == 2 and t.turns[0].calls]
@@ -78,7 +81,8 @@ def test_a_template_that_is_not_prefix_preserving_keeps_the_stream_and_counts_th
     model, tok = chat_caller(prefix_preserving=False)
     cfg = build_config(CFG)
     torch.manual_seed(0)
-    r, _ = agent_from_config(cfg).sample(model, tok, [Example(chat_messages(p), "", {}) for p in PROMPTS], 2, cfg)
+    examples = [Example(chat_messages(p), "", {}) for p in PROMPTS]
+    r, _ = agent_from_config(cfg).sample(model, tok, examples, 2, cfg)
     turns = [len(t.turns) for t in r.trajectories]
     assert max(turns) >= 2
     assert [t.non_prefix_turns for t in r.trajectories] == [n - 1 for n in turns]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from agent_models import PROMPTS, plain_caller
+
 from grpokit import fast
 from grpokit.agents.agent import agent_from_config
 from grpokit.agents.formats import PlainFormat

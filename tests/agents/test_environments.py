@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from agent_envs import AsyncCalculator, DiceCalculator, Greeter
 from agent_models import PROMPTS, plain_caller
+from safetensors.torch import load_file
+
 from grpokit.agents.agent import Agent, agent_from_config
 from grpokit.agents.builtin import GuessNumber
 from grpokit.agents.environments import EnvironmentPool
@@ -94,8 +94,8 @@ def test_async_environment_tools_of_a_step_overlap():
 
 
 def test_task_environment_makes_empty_prompts_for_reset_to_fill():
-    cfg = build_config({"task.name": "environment", "rollout.environment": "guess_number", "task.num_train": 5,
-                        "task.num_eval": 3, "reward.funcs": {}})
+    cfg = build_config({"task.name": "environment", "rollout.environment": "guess_number",
+                        "task.num_train": 5, "task.num_eval": 3, "reward.funcs": {}})
     assert [ex.prompt for ex in load_examples(cfg.task, "train")] == [""] * 5
     assert len(load_examples(cfg.task, "test")) == 3
     with pytest.raises(ConfigError, match="task.name=environment has no data"):

@@ -9,8 +9,8 @@ import time
 
 import pytest
 import torch
-
 from agent_models import PROMPTS, plain_caller
+
 from grpokit.agents.agent import Agent
 from grpokit.agents.formats import parse_call
 from grpokit.agents.tools import CallRequest, as_tool, run_calls
@@ -32,7 +32,8 @@ def add(a: int, b: int = 1) -> int:
 def test_schema_comes_from_type_hints_and_docstring():
     tool = as_tool(add)
     assert tool.name == "add" and tool.parameters == ["a", "b"] and not tool.is_async
-    assert tool.schema["function"]["parameters"]["properties"]["a"] == {"type": "integer", "description": "First."}
+    properties = tool.schema["function"]["parameters"]["properties"]
+    assert properties["a"] == {"type": "integer", "description": "First."}
 
     def bare(x):
         return x
@@ -120,11 +121,13 @@ def test_every_failure_becomes_an_error_result_and_nothing_stops():
             CallRequest(as_tool(returns_dict), (2,), {}), CallRequest(as_tool(long_text), (1,), {}),
             CallRequest(as_tool(hangs), (1,), {}), CallRequest(_slow(5.0), (1,), {}),
             CallRequest(as_tool(add), (), {"c": 1}), CallRequest(None, (1,), {}, name="nope"),
-            CallRequest(None, (), {}, error="the call is not valid JSON (x)"), CallRequest(as_tool(add), (2,), {})]
+            CallRequest(None, (), {}, error="the call is not valid JSON (x)"),
+            CallRequest(as_tool(add), (2,), {})]
     start = time.perf_counter()
     out = run_calls(reqs, timeout=0.3, max_chars=10)
     assert time.perf_counter() - start < 4.0       # neither the hung async nor the sleeping thread is awaited
-    assert [c.error is not None for c in out] == [True, True, False, False, True, True, True, True, True, False]
+    failed = [c.error is not None for c in out]
+    assert failed == [True, True, False, False, True, True, True, True, True, False]
     assert json.loads(out[0].result) == {"error": "RuntimeError: boom"}
     assert "returned NoneType, not text" in out[1].error
     assert out[2].result == '{"a": 2}'
