@@ -33,6 +33,15 @@ class DiceCalculator:
         return float(self.calls) + self.roll
 
 
+class Quiz(DiceCalculator):
+    """Owns its data: reset() returns the question (drawn with the environment's rng)."""
+
+    def reset(self, **row) -> str:
+        super().reset(**row)
+        a, b = self.rng.choice([(12, 34), (56, 78), (11, 22), (90, 13)])
+        return f"What is {a}*{b}?"
+
+
 class Greeter:
     """reset appends a greeting when the row names someone; its one tool is not multiply."""
 

@@ -121,6 +121,10 @@ class Agent:
                                      eos_token_ids(model, tokenizer))
         envs, observations = self._environments(rows, evaluation)
         prompts = [_with_observation(row["prompt"], obs) for row, obs in zip(rows, observations)]
+        empty = [i for i, p in enumerate(prompts) if p == ""]
+        if empty:
+            raise ConfigError(f"prompt {empty[0]} is empty (no data, and reset() returned no text): make the "
+                              "environment's reset() return the prompt, or give prompts")
         row_tools = [self._tools_of(env) for env in (envs or [None] * len(rows))]
         kwargs = dict(cfg.task.chat_template_kwargs)
         fmt = self._format(tokenizer, eos_token_ids(model, tokenizer), isinstance(prompts[0], list), kwargs)

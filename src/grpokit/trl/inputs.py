@@ -59,10 +59,15 @@ def _as_function(item: Any, processing_class: Any) -> tuple[str, Callable]:
                       "give a callable(prompts, completions, **kwargs)")
 
 
-def reward_triples(reward_funcs: Any, weights: list | None,
-                   processing_classes: Any) -> list[tuple[str, Callable, float]]:
-    """TRL's reward_funcs (one or a list) and reward_weights as grpokit's (name, fn, weight) triples."""
-    items = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+def reward_triples(reward_funcs: Any, weights: list | None, processing_classes: Any,
+                   optional: bool = False) -> list[tuple[str, Callable, float]]:
+    """TRL's reward_funcs (one or a list) and reward_weights as grpokit's (name, fn, weight) triples.
+
+    optional: none is fine (an environment's get_reward() is the reward)."""
+    items = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else \
+        ([] if reward_funcs is None else [reward_funcs])
+    if not items and optional and not weights:
+        return []
     if not items:
         raise ConfigError("reward_funcs is empty: give at least one reward function")
     if weights is not None and len(weights) != len(items):

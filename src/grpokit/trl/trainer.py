@@ -35,6 +35,7 @@ from grpokit.train.callbacks import TrainHooks
 from grpokit.train.evaluate import evaluate as evaluate_model
 from grpokit.train.loop import save_final, train_grpo
 from grpokit.train.state import TrainState
+from grpokit.trl.agents import agent_overrides, build_agent, check_data, for_tokenizer, train_examples
 from grpokit.trl.config import GRPOConfig
 from grpokit.trl.inputs import (
     dataset_examples,
@@ -64,32 +65,44 @@ class GRPOTrainer:
         callbacks: transformers.TrainerCallback objects (see `grpokit.train.callbacks`).
         optimizers: must be (None, None): grpokit builds its AdamW from the config.
         peft_config: a peft config (LoraConfig, ...) to wrap a plain model with.
+        tools, environment_factory, rollout_func: TRL's agent arguments (`grpokit.trl.agents`): functions the
+            model may call; one environment per rollout (its methods are tools, get_reward() a reward);
+            a generation function of your own.
 
     Raises:
         ConfigError: a refused TRL field, inconsistent batch sizes, a bad dataset or reward function.
     """
 
-    def __init__(self, model: Any, reward_funcs: Any, args: Any = None, train_dataset: Any = None,
+    def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None,
                  reward_processing_classes: Any = None, callbacks: list | None = None,
-                 optimizers: tuple = (None, None), peft_config: Any = None) -> None:
+                 optimizers: tuple = (None, None), peft_config: Any = None, tools: list | None = None,
+                 rollout_func: Any = None, environment_factory: Any = None) -> None:
         if tuple(optimizers) != (None, None):
             raise ConfigError("optimizers=(...) is not supported: grpokit builds AdamW and its schedule from "
                               "the config (learning_rate, lr_scheduler_type, optim); leave optimizers unset")
         name = model if isinstance(model, str) else model_name(model)
         self.args = args if args is not None else GRPOConfig(output_dir=f"{Path(name).name}-GRPO")
+        check_data(train_dataset, environment_factory, getattr(self.args, "max_steps", -1))
         iterable = is_iterable_dataset(train_dataset)
         num_prompts = None if iterable or train_dataset is None else len(train_dataset)
         self.translation = translate(self.args, num_prompts, int(os.environ.get("WORLD_SIZE", "1")))
         t = self.translation.overrides
         limit = t["run.max_steps"] * t["rollout.prompts_per_step"] if iterable else None
-        self.train_examples = dataset_examples(train_dataset, limit)
+        B = t["rollout.prompts_per_step"]
+        self.train_examples = train_examples(train_dataset, environment_factory, B, limit)
         self.eval_examples = (
             [] if eval_dataset is None else dataset_examples(eval_dataset, where="eval_dataset"))
         self.reward_funcs = reward_triples(reward_funcs, self.translation.trainer["reward_weights"],
-                                           reward_processing_classes)
+                                           reward_processing_classes,
+                                           optional=environment_factory is not None)   # get_reward may do
+        self._agent_keys = agent_overrides(tools, environment_factory)   # rollout.tools / environment
         self.config = self._nested_config(name, {})
+        self.agent = build_agent(tools, environment_factory, rollout_func, self, self.config.rollout,
+                                 self.config.run.seed)
+        self.reward_funcs += self.agent.reward_funcs if self.agent is not None else []   # get_reward columns
         self.model, self.processing_class = self._policy(model, processing_class, peft_config)
+        self.train_examples = for_tokenizer(self.train_examples, self.processing_class)
         self.callback_handler = TrainHooks(self.config, callbacks, args=self.args)
         self.state = self.callback_handler.state
         self._train_state: TrainState | None = None
@@ -97,7 +110,7 @@ class GRPOTrainer:
 
     def _nested_config(self, name: str, extra: dict[str, Any]) -> NestedConfig:
         """grpokit's config: the translation plus what the trainer itself knows (rewards, data, model)."""
-        return build_config({**self.translation.overrides, "model.name_or_path": name,
+        return build_config({**self.translation.overrides, **self._agent_keys, "model.name_or_path": name,
                              "reward.funcs": {n: w for n, _, w in self.reward_funcs},
                              "task.name": "hf", "task.path": "in-memory:train_dataset",
                              "run.eval_limit": -1 if self.eval_examples else 0, **extra})
@@ -176,7 +189,8 @@ class GRPOTrainer:
         cfg = self._resume_config(resume)
         self._train_state = train_grpo(cfg, model=self.model, tokenizer=self.processing_class,
                                        train_examples=self.train_examples, eval_examples=self.eval_examples,
-                                       callbacks=self.callback_handler, reward_funcs=self.reward_funcs)
+                                       callbacks=self.callback_handler, reward_funcs=self.reward_funcs,
+                                       agent=self.agent)
         losses = [row["loss"] for row in self.state.log_history if isinstance(row.get("loss"), float)]
         loss = sum(losses) / len(losses) if losses else float("nan")
         steps = self._train_state.step
@@ -191,7 +205,7 @@ class GRPOTrainer:
             raise ConfigError("evaluate() needs an eval_dataset: pass one to GRPOTrainer or to evaluate()")
         result = evaluate_model(self.model, self.processing_class, examples, self.config, limit=-1,
                                 reward_funcs=self.reward_funcs, progress=False,
-                                reward_extra=self.callback_handler.reward_kwargs())
+                                reward_extra=self.callback_handler.reward_kwargs(), agent=self.agent)
         self.callback_handler.evaluate({"tag": "evaluate", "step": self.state.global_step, **result})
         return {f"{metric_key_prefix}_{k}": v for k, v in result.items()}
 

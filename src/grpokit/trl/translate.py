@@ -32,7 +32,8 @@ COPY = {"learning_rate": "optim.learning_rate", "weight_decay": "optim.weight_de
         "mask_truncated_completions": "loss.mask_truncated_completions",
         "use_bias_correction_kl": "loss.use_bias_correction_kl",
         "vllm_gpu_memory_utilization": "rollout.vllm_gpu_memory_utilization",
-        "vllm_mode": "rollout.vllm_mode"}
+        "vllm_mode": "rollout.vllm_mode",
+        "max_tool_calling_iterations": "rollout.max_tool_calling_iterations"}
 OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_8bit": "adamw_8bit",
               "adamw_bnb_8bit": "adamw_8bit"}
 SCHEDULERS = {"linear": "linear", "constant": "constant", "constant_with_warmup": "constant"}
