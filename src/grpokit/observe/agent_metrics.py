@@ -11,7 +11,7 @@ Per step (`trajectory_stats`, keys only present when the run has tools or enviro
     tools/truncated_outputs          results cut to rollout.max_tool_output_chars (count)
     tools/latency_mean_s             mean wall time of a call
     tokens/model_mean, tokens/env_mean   sampled vs inserted tokens per trajectory
-    cut/iterations, cut/budget, cut/length   share of trajectories ended by each limit (`Trajectory.stop`)
+    cut/max_iterations, cut/budget, cut/length   share of trajectories ended by each limit (`Trajectory.stop`)
 """
 
 from __future__ import annotations
@@ -64,4 +64,4 @@ def trajectory_stats(rollout,
             "tools/truncated_outputs": float(counts[3]),
             "tools/latency_mean_s": float(counts[4]) / n_calls,
             "tokens/model_mean": float(mean[2]), "tokens/env_mean": float(mean[3]),
-            "cut/iterations": float(mean[5]), "cut/budget": float(mean[6]), "cut/length": float(mean[7])}
+            "cut/max_iterations": float(mean[5]), "cut/budget": float(mean[6]), "cut/length": float(mean[7])}
