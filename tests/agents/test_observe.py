@@ -19,7 +19,8 @@ def test_a_tool_run_logs_turns_calls_and_conversations(tmp_path):
     cfg = build_config({"rollout.tools": ["grpokit.agents.builtin:multiply"], "model.device": "cpu",
                         "rollout.max_completion_length": 120, "reward.funcs": {"accuracy": 1.0},
                         "rollout.num_generations": 2, "rollout.prompts_per_step": 2, "run.max_steps": 2,
-                        "run.output_dir": str(tmp_path), "run.progress": False, "run.log_completions_steps": 1, "run.eval_limit": -1})
+                        "run.output_dir": str(tmp_path), "run.progress": False,
+                        "run.log_completions_steps": 1, "run.eval_limit": -1})
     examples = [Example(p, str(product(p)[2]), {"answer": str(product(p)[2])}) for p in PROMPTS]
     train_grpo(cfg, model, tok, train_examples=examples, eval_examples=examples[:2])
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
