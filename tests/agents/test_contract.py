@@ -7,7 +7,7 @@ import torch
 from agent_models import PROMPTS, plain_caller
 
 from grpokit import fast
-from grpokit.agents.agent import agent_from_config
+from grpokit.agents.agent import Agent, agent_from_config
 from grpokit.agents.formats import PlainFormat
 from grpokit.config.schema import build_config
 from grpokit.core.loss import grpo_objective_from_logprobs
@@ -71,6 +71,34 @@ def test_the_stream_is_model_turns_then_the_rendered_results():
         assert (ids[length:] == tok.pad_token_id).all()
         text = tok.decode(ids[:length].tolist(), skip_special_tokens=True)
         assert r.completions[i] == text     # text prompts: the completion is the whole stream as text
+
+
+def test_a_rollout_with_tools_is_reproducible_whatever_the_tools_latency():
+    """Which rows sample at each step depends on the tokens only, not on when a tool answers."""
+    import random
+    import time
+
+    def slow_multiply(a: int, b: int) -> int:
+        """Multiply, after a random pause.
+
+        Args:
+            a: First.
+            b: Second.
+        """
+        time.sleep(random.random() * 0.02)
+        return a * b
+
+    model, tok = plain_caller()
+    cfg = build_config(TOOLS)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        agent = Agent([slow_multiply], None, cfg.rollout, seed=0)
+        r, _ = agent.sample(model, tok, [Example(p, "", {}) for p in PROMPTS], 4, cfg)
+        runs.append(r)
+    assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
+    assert torch.equal(runs[0].sampling_logprobs, runs[1].sampling_logprobs)
+    assert [len(t.calls) for t in runs[0].trajectories] == [len(t.calls) for t in runs[1].trajectories]
 
 
 def test_environment_tokens_get_no_gradient():

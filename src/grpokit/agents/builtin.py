@@ -7,11 +7,21 @@
                   yes, so the feedback decides the next move. No dataset (task.name=environment): the
                   secret comes from the environment's own seeded `rng`. The reward is the environment's
                   (get_reward: 1 when found).
+
+`demonstrations` writes tool-calling traces in the plain format for a supervised warm start
+(`grpokit sft --traces calculator`): the calculator's call, result and boxed answer; guess_number's
+guesses drawn uniformly from the numbers still possible (a consistent but unhurried searcher that binary
+search beats: within 4 guesses it finds 60% of secrets, binary search all).
 """
 
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Sequence
+
+from grpokit.agents.formats import CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN
+from grpokit.tasks.base import Example
 
 
 def multiply(a: int, b: int) -> int:
@@ -78,3 +88,47 @@ class GuessNumber:
 
 
 ENVIRONMENTS = {"calculator": Calculator, "guess_number": GuessNumber}
+
+
+def _turn(call: str, result: object) -> str:
+    return f"{CALL_OPEN}{call}{CALL_CLOSE}{RESPONSE_OPEN}{result}{RESPONSE_CLOSE}"
+
+
+def calculator_trace(question: str) -> str:
+    """'What is 123*456?' -> the call, its result and the boxed answer."""
+    found = re.fullmatch(r"What is (\d+)\*(\d+)\?", question.strip())
+    if found is None:
+        raise ValueError(f"not a product question: {question!r:.60}")
+    a, b = map(int, found.groups())
+    return _turn(f"multiply({a},{b})", a * b) + f"\\boxed{{{a * b}}}"
+
+
+def guess_trace(rng: random.Random, env: GuessNumber, max_guesses: int) -> tuple[str, str] | None:
+    """(prompt, guesses until 'yes') of the uniform consistent searcher; None past max_guesses."""
+    prompt = env.reset(secret=rng.randint(env.low, env.high))
+    low, high, parts = env.low, env.high, []
+    while len(parts) < max_guesses:
+        number = rng.randint(low, high)
+        reply = env.guess(number)
+        parts.append(_turn(f"guess({number})", reply))
+        if reply == "yes":
+            return prompt, "".join(parts)
+        low, high = (number + 1, high) if reply == "higher" else (low, number - 1)
+    return None
+
+
+def demonstrations(name: str, examples: Sequence[Example], n: int, seed: int) -> list[Example]:
+    """n traces (Examples whose 'solution' column is the trace) for a supervised warm start."""
+    rng = random.Random(seed)
+    if name == "calculator":
+        picked = rng.sample(list(examples), min(n, len(examples)))
+        return [Example(ex.prompt, ex.answer, {**ex.columns, "solution": calculator_trace(str(ex.prompt))})
+                for ex in picked]
+    if name == "guess_number":
+        env, out = GuessNumber(), []
+        while len(out) < n:
+            trace = guess_trace(rng, env, max_guesses=6)
+            if trace is not None:
+                out.append(Example(trace[0], "", {"solution": trace[1]}))
+        return out
+    raise ValueError(f"no demonstrations for '{name}': use calculator or guess_number")

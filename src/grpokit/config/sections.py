@@ -54,7 +54,8 @@ def _choice(choice: Any, default: str, before: str = "", after: str = "", **note
 @dataclass
 class ModelConfig:
     name_or_path: str = _f("builtin:arith-demo", "local AutoModelForCausalLM folder, an alias "
-                           "(smollm2-135m-instruct), or builtin:arith-demo / builtin:tiny-random")
+                           "(smollm2-135m-instruct), or builtin:arith-demo / builtin:tiny-random / "
+                           "builtin:calculator-demo / builtin:guess-demo (the agents demos)")
     gguf_file: str | None = _f(None, "GGUF file name inside name_or_path (needs the [gguf] extra)")
     dtype: Dtype = _choice(Dtype, "float32", after=": the stored weights (16-bit: compute in it too)")
     precision: Precision = _choice(Precision, "auto", after=": compute precision of float32 "

@@ -9,6 +9,7 @@ grpokit's config or refused with a one-line reason (`grpokit.trl.fields`, docs/c
     config     GRPOConfig (TRL's names and defaults);  fields: every TRL field and its fate
     translate  a TRL config to grpokit's GRPOConfig;   inputs: datasets, reward functions, peft configs
     trainer    GRPOTrainer: train(), save_model(), callbacks, on grpokit.train.loop.train_grpo
+    agents     its tools=, environment_factory=, rollout_func= (grpokit.agents)
 """
 
 from grpokit.trl.config import GRPOConfig
