@@ -149,3 +149,24 @@ def test_a_train_step_with_tools_trains_only_model_tokens_and_logs_turns(tmp_pat
         assert key in metrics, key
     assert metrics["turns/mean"] > 1 and metrics["tokens/env_mean"] > 0
     assert torch.isfinite(torch.tensor(metrics["loss"]))
+
+
+def test_the_sampler_activation_record_serves_a_multi_turn_update(tmp_path):
+    """rollout.reuse_activations=true: the first update takes the projections the sampler computed, fed
+    tokens included; the step's loss and gradient norm match the plain forward's to float rounding."""
+    from grpokit.train.loop import build_state
+    from grpokit.train.step import train_step
+
+    out = {}
+    for reuse in (False, True):
+        model, tok = plain_caller()
+        cfg = build_config({**TOOLS, "reward.funcs": {"accuracy": 1.0}, "rollout.num_generations": 4,
+                            "rollout.prompts_per_step": 2, "run.output_dir": str(tmp_path / str(reuse)),
+                            "loss.beta": 0.0, "rollout.temperature": 1.3, "rollout.reuse_activations": reuse})
+        examples = [Example(p, str(eval(p[8:-1])), {"answer": str(eval(p[8:-1]))}) for p in PROMPTS]
+        state = build_state(cfg, model, tok, train_examples=examples)
+        torch.manual_seed(1)
+        out[reuse] = train_step(state)
+    assert out[True]["turns/mean"] == out[False]["turns/mean"] > 1
+    assert abs(out[True]["loss"] - out[False]["loss"]) < 1e-5
+    assert abs(out[True]["grad_norm"] - out[False]["grad_norm"]) < 1e-4 * max(1.0, out[False]["grad_norm"])

@@ -122,3 +122,21 @@ def test_a_resumed_run_with_an_environment_is_bit_identical(tmp_path, one_thread
     rows = [[json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in "ab"]
     keep = ("rewards/DiceCalculator", "loss", "grad_norm", "turns/mean", "tools/call_frequency")
     assert [[r[k] for k in keep] for r in rows[0]] == [[r[k] for k in keep] for r in rows[1]]
+
+
+def test_an_async_get_reward_is_awaited_and_other_classes_score_none():
+    from grpokit.agents.environments import reward_function
+    from grpokit.rewards.scoring import score_responses
+
+    class Judge:
+        def reset(self, **row):
+            return None
+
+        async def get_reward(self) -> float:
+            return 0.75
+
+    envs = [Judge(), Greeter(), Judge()]
+    scores = score_responses([("Judge", reward_function(Judge), 1.0)], ["p"] * 3, ["c"] * 3, {},
+                             environments=envs)
+    assert scores.per_func["Judge"][0] == 0.75 and scores.per_func["Judge"][2] == 0.75
+    assert torch.isnan(scores.per_func["Judge"][1])     # a rollout of another environment: no score
