@@ -33,8 +33,9 @@ def _tag(name: str, tool: bool, seed: int) -> str:
 
 def run(name: str, seed: int, tool: bool, core: int) -> None:
     out = ROOT / "runs" / "agents" / _tag(name, tool, seed)
-    cmd = ["taskset", "-c", str(core), sys.executable, "-m", "grpokit", "train", f"configs/agents_{name}.yaml",
-           f"run.seed={seed}", f"run.output_dir={out}", "run.progress=false", "run.overwrite=true"]
+    cmd = ["taskset", "-c", str(core), sys.executable, "-m", "grpokit", "train",
+           f"configs/agents_{name}.yaml", f"run.seed={seed}", f"run.output_dir={out}", "run.progress=false",
+           "run.overwrite=true"]
     if not tool:
         cmd.append("rollout.environment=null")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
@@ -44,7 +45,8 @@ def run(name: str, seed: int, tool: bool, core: int) -> None:
     tag = _tag(name, tool, seed)
     for kind in ("eval", "metrics"):
         shutil.copy(out / f"{kind}.jsonl", RESULTS / f"{tag}_{kind}.jsonl")
-    (RESULTS / f"{tag}_wall.json").write_text(json.dumps({"wall_seconds": round(wall, 1), "core": core}) + "\n")
+    wall_row = {"wall_seconds": round(wall, 1), "core": core}
+    (RESULTS / f"{tag}_wall.json").write_text(json.dumps(wall_row) + "\n")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -62,7 +64,7 @@ def _runs(name: str, tool: bool) -> list[tuple[int, list[dict], list[dict], floa
 
 
 def table(name: str, key: str, label: str) -> str:
-    """One markdown row per run: the key before and after, turns and tool calls, steps, train and wall time."""
+    """One markdown row per run: the key before and after, turns, tool calls, steps, train and wall time."""
     lines = [f"| run | seed | {label} before | {label} after | change | turns before -> after | "
              "tool calls -> | steps | training s | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for tool in (True, False):
@@ -71,9 +73,9 @@ def table(name: str, key: str, label: str) -> str:
             a = next(r for r in evals if r["tag"] == "after")
             trained = sum(r.get("time/step", 0.0) for r in metrics)
             turns = f"{b.get('turns_mean', 1):.2f} -> {a.get('turns_mean', 1):.2f}"
-            lines.append(f"| {'tool' if tool else 'no tool'} | {seed} | {100 * b[key]:.1f}% | {100 * a[key]:.1f}% "
-                         f"| {100 * (a[key] - b[key]):+.1f} pt | {turns} | {a.get('tool_calls_mean', 0):.2f} | "
-                         f"{a['step']} | {trained:.0f} | {wall:.0f} |")
+            lines.append(f"| {'tool' if tool else 'no tool'} | {seed} | {100 * b[key]:.1f}% | "
+                         f"{100 * a[key]:.1f}% | {100 * (a[key] - b[key]):+.1f} pt | {turns} | "
+                         f"{a.get('tool_calls_mean', 0):.2f} | {a['step']} | {trained:.0f} | {wall:.0f} |")
     return "\n".join(lines)
 
 
