@@ -83,6 +83,11 @@ def test_guess_number_answers_higher_lower_yes_and_rewards_finding_it():
     assert env.reset(secret=9) == "Guess my number from 1 to 15."
     assert [env.guess(4), env.guess(12), env.get_reward(), env.guess(9), env.get_reward()] == \
         ["higher", "lower", 0.0, "yes", 1.0]
+    other = GuessNumber()
+    other.rng.seed(99)                      # an episode number fixes the secret, whatever the rng
+    env.reset(episode=7)
+    other.reset(episode=7)
+    assert env.secret == other.secret
 
 
 def test_async_environment_tools_of_a_step_overlap():
@@ -97,7 +102,7 @@ def test_task_environment_makes_empty_prompts_for_reset_to_fill():
     cfg = build_config({"task.name": "environment", "rollout.environment": "guess_number",
                         "task.num_train": 5, "task.num_eval": 3, "reward.funcs": {}})
     assert [ex.prompt for ex in load_examples(cfg.task, "train")] == [""] * 5
-    assert len(load_examples(cfg.task, "test")) == 3
+    assert [ex.columns["episode"] for ex in load_examples(cfg.task, "test")] == [5, 6, 7]   # held out
     with pytest.raises(ConfigError, match="task.name=environment has no data"):
         build_config({"task.name": "environment"})
 

@@ -4,8 +4,10 @@
                   small model cannot do in its head: calling multiply(a, b) is the way to be right. The
                   reward is the task's answer check (the boxed number against the row's answer).
     guess_number  find a secret number from 1 to 15 by guessing; each guess is answered higher, lower or
-                  yes, so the feedback decides the next move. No dataset (task.name=environment): the
-                  secret comes from the environment's own seeded `rng`. The reward is the environment's
+                  yes, so the feedback decides the next move. The secret is the row's `secret`, else
+                  episode k's (task.name=environment numbers its rows: a group's G rollouts then play the
+                  same secret, and every evaluation the same episodes), else a draw of the
+                  environment's own seeded `rng` (TRL's data-free run). The reward is the environment's
                   (get_reward: 1 when found).
 
 `demonstrations` writes tool-calling traces in the plain format for a supervised warm start
@@ -64,7 +66,9 @@ class GuessNumber:
         self.rng = random.Random(0)        # grpokit seeds it per instance and keeps it in checkpoints
         self.secret, self.guesses, self.found = low, 0, False
 
-    def reset(self, secret: int | None = None, **row) -> str:
+    def reset(self, secret: int | None = None, episode: int | None = None, **row) -> str:
+        if secret is None and episode is not None:   # episode k: always the same secret
+            secret = random.Random(episode).randint(self.low, self.high)
         self.secret = int(secret) if secret is not None else self.rng.randint(self.low, self.high)
         self.guesses, self.found = 0, False
         return f"Guess my number from {self.low} to {self.high}."

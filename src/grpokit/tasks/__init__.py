@@ -164,9 +164,13 @@ def prompt_text(example: Example, tokenizer: Any) -> str:
 
 def environment_examples(task: TaskConfig, split: str) -> list[Example]:
     """task.name=environment: empty prompts (the system prompt, if any) for the environment's reset() to fill;
-    num_train of them for training, num_eval held out (each evaluation plays the same episodes)."""
-    n = task.num_eval if split == task.eval_split or split in _HELD_OUT_NAMES else task.num_train
+    num_train of them for training, num_eval held out. Each row has an `episode` number (held-out ones
+    after the training ones), which reset() receives: an environment may play episode k the same way
+    every time (then the G rollouts of a group play the same episode, and every evaluation the same ones)."""
+    held_out = split == task.eval_split or split in _HELD_OUT_NAMES
+    first, n = (task.num_train, task.num_eval) if held_out else (0, task.num_train)
     if task.chat_template:
         system = [{"role": "system", "content": task.system_prompt}] if task.system_prompt else []
-        return [Example(system + [{"role": "user", "content": ""}], "", {}) for _ in range(n)]
-    return [Example(task.system_prompt or "", "", {}) for _ in range(n)]
+        return [Example(system + [{"role": "user", "content": ""}], "", {"episode": first + i})
+                for i in range(n)]
+    return [Example(task.system_prompt or "", "", {"episode": first + i}) for i in range(n)]
