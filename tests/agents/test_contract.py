@@ -93,7 +93,7 @@ def test_a_rollout_with_tools_is_reproducible_whatever_the_tools_latency():
     runs = []
     for _ in range(2):
         torch.manual_seed(3)
-        agent = Agent([slow_multiply], None, cfg.rollout, seed=0)
+        agent = Agent([slow_multiply], None, seed=0)
         r, _ = agent.sample(model, tok, [Example(p, "", {}) for p in PROMPTS], 4, cfg)
         runs.append(r)
     assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)

@@ -43,7 +43,7 @@ def test_each_rollout_gets_its_own_environment_whose_methods_are_its_tools():
 
 
 def test_reset_text_is_appended_to_the_prompt():
-    agent = Agent([], {None: Greeter}, build_config(BASE).rollout, seed=0)
+    agent = Agent([], {None: Greeter}, seed=0)
     cfg = build_config(BASE)
     (r, _), tok = _sample(agent, cfg, [Example("What is 12*34?", "", {"name": "Ada"})], G=2)
     assert r.prompts[0] == "What is 12*34? Hello Ada."
@@ -51,7 +51,7 @@ def test_reset_text_is_appended_to_the_prompt():
 
 
 def test_a_dict_of_factories_routes_rows_and_offers_only_their_environment_tools():
-    agent = Agent([], {"calc": DiceCalculator, "greet": Greeter}, build_config(BASE).rollout, seed=0)
+    agent = Agent([], {"calc": DiceCalculator, "greet": Greeter}, seed=0)
     cfg = build_config(BASE)
     rows = [Example("What is 12*34?", "", {"environment": "calc"}),
             Example("What is 56*78?", "", {"environment": "greet"})]
@@ -92,7 +92,7 @@ def test_guess_number_answers_higher_lower_yes_and_rewards_finding_it():
 
 def test_async_environment_tools_of_a_step_overlap():
     AsyncCalculator.log.clear()
-    agent = Agent([], {None: AsyncCalculator}, build_config(BASE).rollout, seed=0)
+    agent = Agent([], {None: AsyncCalculator}, seed=0)
     (r, _), _ = _sample(agent, build_config(BASE), [Example(p, "", {}) for p in PROMPTS], G=2, greedy=True)
     assert len(AsyncCalculator.log) >= 4           # greedy: every row calls at the same step
     assert max(b for b, _ in AsyncCalculator.log) < min(e for _, e in AsyncCalculator.log)

@@ -178,7 +178,7 @@ def test_sync_tools_of_one_step_run_in_threads_together():
 def _rollout(tool, **over):
     model, tok = plain_caller()
     cfg = build_config({"rollout.max_completion_length": 120, "model.device": "cpu", **over})
-    agent = Agent([tool], None, cfg.rollout, seed=0)
+    agent = Agent([tool], None, seed=0)
     torch.manual_seed(0)
     rollout, _ = agent.sample(model, tok, [Example(p, "", {}) for p in PROMPTS], 2, cfg)
     return rollout

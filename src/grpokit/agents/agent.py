@@ -63,13 +63,14 @@ class Agent:
     Args:
         tools: standalone tools (functions, async functions, `Tool`s), offered to every rollout.
         factories: environment factories by name ({None: f} for one), or None.
-        rollout: the config's rollout section (limits, tool_format); seed: the training pool's seed.
+        seed: the training environment pool's seed (the limits and the format are read from the run's config
+            in `sample`).
         rollout_func: TRL's rollout_func(prompts, trainer) replacing grpokit's sampling; trainer: its
             second argument.
     """
 
-    def __init__(self, tools: list[Callable], factories: dict[str | None, Callable] | None, rollout: Any,
-                 seed: int, rollout_func: Callable | None = None, trainer: Any = None) -> None:
+    def __init__(self, tools: list[Callable], factories: dict[str | None, Callable] | None, seed: int,
+                 rollout_func: Callable | None = None, trainer: Any = None) -> None:
         self.tools = [as_tool(t) for t in tools]
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
@@ -77,7 +78,7 @@ class Agent:
         self.multi = factories is not None and list(factories) != [None]
         self.pool = EnvironmentPool(factories, seed) if factories else None
         self.eval_pool = EnvironmentPool(factories, EVAL_SEED) if factories else None
-        self.cfg, self.rollout_func, self.trainer = rollout, rollout_func, trainer
+        self.rollout_func, self.trainer = rollout_func, trainer
         self.reward_funcs = [(c.__name__, reward_function(c), 1.0)
                              for c in (self.pool.reward_classes if self.pool else [])]
 
@@ -99,8 +100,9 @@ class Agent:
                                      else row)) for env, row in zip(envs, rows)]
         return envs, observations
 
-    def _format(self, tokenizer, eos_ids: list[int], chat: bool, kwargs: dict):
-        want = self.cfg.tool_format
+    @staticmethod
+    def _format(want: str, tokenizer, eos_ids: list[int], chat: bool, kwargs: dict):
+        """The tool format: rollout.tool_format, auto resolved by the prompts (chat messages or text)."""
         if want == "plain" or (want == "auto" and not chat):
             return PlainFormat(tokenizer, eos_ids)
         if not chat:
@@ -127,7 +129,8 @@ class Agent:
                               "environment's reset() return the prompt, or give prompts")
         row_tools = [self._tools_of(env) for env in (envs or [None] * len(rows))]
         kwargs = dict(cfg.task.chat_template_kwargs)
-        fmt = self._format(tokenizer, eos_token_ids(model, tokenizer), isinstance(prompts[0], list), kwargs)
+        chat = isinstance(prompts[0], list)
+        fmt = self._format(r.tool_format, tokenizer, eos_token_ids(model, tokenizer), chat, kwargs)
         schemas = [[t.schema for t in tools.values()] for tools in row_tools] if fmt.name == "chat" else None
         driver = ToolDriver(fmt, row_tools, max_new_tokens=r.max_completion_length,
                             max_iterations=r.max_tool_calling_iterations, timeout=r.tool_timeout,
@@ -169,4 +172,4 @@ def agent_from_config(cfg: Any) -> Agent | None:
             raise ConfigError(f"rollout.environment '{r.environment}' is not a class or factory: name one, "
                               f"or a built-in ({', '.join(ENVIRONMENTS)})")
         factories = {None: cls}
-    return Agent(tools, factories, r, cfg.run.seed)
+    return Agent(tools, factories, cfg.run.seed)

@@ -67,7 +67,7 @@ def agent_overrides(tools: list | None, environment_factory: Any) -> dict[str, A
 
 
 def build_agent(tools: list | None, environment_factory: Any, rollout_func: Callable | None, trainer: Any,
-                rollout: Any, seed: int) -> Agent | None:
+                seed: int) -> Agent | None:
     """The run's Agent from TRL's arguments (None when there is none of them)."""
     if not tools and environment_factory is None and rollout_func is None:
         return None
@@ -76,7 +76,7 @@ def build_agent(tools: list | None, environment_factory: Any, rollout_func: Call
     if rollout_func is not None and not callable(rollout_func):
         raise ConfigError("rollout_func must be a callable(prompts, trainer) returning prompt_ids, "
                           "completion_ids and logprobs")
-    return Agent(list(tools or []), factories_of(environment_factory), rollout, seed, rollout_func, trainer)
+    return Agent(list(tools or []), factories_of(environment_factory), seed, rollout_func, trainer)
 
 
 def check_data(data: Any, environment_factory: Any, max_steps: Any) -> None:

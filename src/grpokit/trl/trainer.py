@@ -98,8 +98,7 @@ class GRPOTrainer:
                                            optional=environment_factory is not None)   # get_reward may do
         self._agent_keys = agent_overrides(tools, environment_factory)   # rollout.tools / environment
         self.config = self._nested_config(name, {})
-        self.agent = build_agent(tools, environment_factory, rollout_func, self, self.config.rollout,
-                                 self.config.run.seed)
+        self.agent = build_agent(tools, environment_factory, rollout_func, self, self.config.run.seed)
         self.reward_funcs += self.agent.reward_funcs if self.agent is not None else []   # get_reward columns
         self.model, self.processing_class = self._policy(model, processing_class, peft_config)
         self.train_examples = for_tokenizer(self.train_examples, self.processing_class)
