@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 
+from grpokit.agents.agent import agent_from_config
 from grpokit.config.run_config import train_config
 from grpokit.config.schema import GRPOConfig
 from grpokit.errors import check_out_file, write_text_aside
@@ -71,7 +72,8 @@ def main(argv: list[str]) -> int:
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
     examples = load_examples(cfg.task, split)
     result = evaluate(model, tokenizer, examples, cfg, limit=limit, num_samples=args.samples,
-                      ks=ks if args.samples else (), seed=args.seed, progress=True)
+                      ks=ks if args.samples else (), seed=args.seed, progress=True,
+                      agent=agent_from_config(cfg))   # rollout.tools / environment: multi-turn episodes
     report = {"model": cfg.model.name_or_path, "task": cfg.task.name, "split": split, **result}
     write_text_aside(out, json.dumps(report, indent=2) + "\n")
     width = max(len(k) for k in result)

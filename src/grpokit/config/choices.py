@@ -11,11 +11,12 @@ from typing import Literal
 
 Dtype = Literal["float32", "bfloat16", "float16"]              # model.dtype: the stored weights
 Precision = Literal["fp32", "bf16", "auto"]                    # model.precision: compute precision
-TaskName = Literal["arithmetic", "gsm8k", "math500", "jsonl", "hf"]
+TaskName = Literal["arithmetic", "gsm8k", "math500", "jsonl", "hf", "environment"]
 AnswerFormat = Literal["boxed", "r1"]                          # task.format
 TruncatePrompt = Literal["left", "error"]                      # rollout.truncate_prompt
 Backend = Literal["auto", "fast", "generate", "vllm"]          # rollout.backend
 VLLMMode = Literal["colocate", "server"]                       # rollout.vllm_mode
+ToolFormat = Literal["auto", "chat", "plain"]                  # rollout.tool_format (grpokit.agents.formats)
 RewardErrors = Literal["raise", "skip"]                        # reward.reward_errors
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]  # loss.loss_type
 ImportanceSamplingLevel = Literal["token", "sequence"]         # loss.importance_sampling_level

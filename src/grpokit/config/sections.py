@@ -32,6 +32,7 @@ from grpokit.config.choices import (
     TaskName,
     TISLevel,
     TISMode,
+    ToolFormat,
     TruncatePrompt,
     VLLMMode,
 )
@@ -55,7 +56,8 @@ def _choice(choice: Any, default: str, before: str = "", after: str = "", **note
 @dataclass
 class ModelConfig:
     name_or_path: str = _f("builtin:arith-demo", "local AutoModelForCausalLM folder, an alias "
-                           "(smollm2-135m-instruct), or builtin:arith-demo / builtin:tiny-random")
+                           "(smollm2-135m-instruct), or builtin:arith-demo / builtin:tiny-random / "
+                           "builtin:calculator-demo / builtin:guess-demo (the agents demos)")
     gguf_file: str | None = _f(None, "GGUF file name inside name_or_path (needs the [gguf] extra)")
     dtype: Dtype = _choice(Dtype, "float32", after=": the stored weights (16-bit: compute in it too)")
     precision: Precision = _choice(Precision, "auto", after=": compute precision of float32 "
@@ -80,7 +82,8 @@ class ModelConfig:
 class TaskConfig:
     name: TaskName = _choice(TaskName, "arithmetic", hf="a datasets-readable jsonl / parquet "
                              "file or save_to_disk folder, TRL's format: a prompt column, other columns to "
-                             "the rewards")
+                             "the rewards", environment="no data: num_train / num_eval empty prompts that "
+                             "rollout.environment's reset() fills")
     path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl / hf")
     train_split: str = _f("train", "split the policy trains on")
     shuffle: bool = _f(True, "draw training prompts in a seeded random order each epoch; false: in data "
@@ -135,6 +138,21 @@ class RolloutConfig:
     vllm_cpu_threads: int = _f(0, "backend=vllm colocate on CPU: torch threads of the training process, "
                                "which the engine shares (set before it starts; vLLM then forbids changes); "
                                "0 = as is")
+    tools: list = _f([], "agents: functions the model may call, as 'package.module:function' (type hints and "
+                     "a docstring give the schema; plain or async def)")
+    environment: str | None = _f(None, "agents: one environment per rollout, 'package.module:Class' or a "
+                                 "built-in (calculator, guess_number); reset(**row) may extend the prompt, "
+                                 "its public methods are tools, get_reward() a reward")
+    max_tool_calling_iterations: int | None = _f(None, "agents: tool rounds per trajectory; None = until the "
+                                                 "model answers or max_completion_length (model and tool "
+                                                 "tokens together) runs out")
+    tool_timeout: float = _f(30.0, "agents: seconds per tool call; past it the model reads a timeout error")
+    max_tool_output_chars: int = _f(2000, "agents: a tool result longer than this is cut (0 = never)")
+    tool_format: ToolFormat = _choice(ToolFormat, "auto", before="agents: tool calls and results in ",
+                                      auto="chat with chat prompts, else plain",
+                                      chat="the chat template's (Hermes/Qwen <tool_call>, or the tokenizer's "
+                                           "response_template)",
+                                      plain="<tool_call>name(args)</tool_call> and <tool_response> text")
     vllm_enforce_eager: bool | str = _f("auto", "backend=vllm colocate: no torch.compile / CUDA graphs: auto "
                                         "(eager on CPU, where compiling costs ~2 min at start; compiled on "
                                         "GPU) | true | false")

@@ -110,6 +110,28 @@ def _check_vllm(cfg: GRPOConfig) -> None:
            "rollout.backend=vllm on CPU has no float16 kernels: set model.dtype=float32 or bfloat16")
 
 
+def _check_agents(cfg: GRPOConfig) -> None:
+    """rollout.tools / rollout.environment (grpokit.agents): the tool loop's limits and what it needs."""
+    r = cfg.rollout
+    _check(r.tool_timeout > 0, f"rollout.tool_timeout must be > 0 seconds, got {r.tool_timeout}")
+    _check(r.max_tool_output_chars >= 0,
+           f"rollout.max_tool_output_chars must be >= 0 (0 = never cut), got {r.max_tool_output_chars}")
+    _check(r.max_tool_calling_iterations is None or r.max_tool_calling_iterations >= 0,
+           f"rollout.max_tool_calling_iterations must be >= 0 or null, got {r.max_tool_calling_iterations}")
+    for name in r.tools:
+        _check(isinstance(name, str) and ":" in name,
+               f"rollout.tools entry {name!r} is not an import path: write it as package.module:function")
+    _check(cfg.task.name != "environment" or bool(r.environment),
+           "task.name=environment has no data of its own: set rollout.environment (its reset() makes the "
+           "prompts), or choose another task")
+    if not r.tools and not r.environment:
+        return
+    _check(r.backend in ("auto", "fast"), f"rollout.tools / rollout.environment run in grpokit's own sampler "
+           f"(multi-turn on vLLM is not implemented): set rollout.backend=auto, not {r.backend}")
+    _check(cfg.loss.algorithm == "grpo", "rollout.tools / rollout.environment train with GRPO: set "
+           "loss.algorithm=grpo")
+
+
 def _check_loss(cfg: GRPOConfig) -> None:
     lo = cfg.loss
     _check(0 < lo.epsilon < 1, f"loss.epsilon must be in (0, 1), got {lo.epsilon}")
@@ -193,7 +215,9 @@ def _check_optim_and_run(cfg: GRPOConfig) -> None:
 
 def _check_reward_model_task(cfg: GRPOConfig) -> None:
     r, lo = cfg.rollout, cfg.loss
-    _check(bool(cfg.reward.funcs), "reward.funcs is empty: name at least one reward, e.g. {rule: 1.0}")
+    # an environment's get_reward() may be the only reward (checked when the environment is built)
+    _check(bool(cfg.reward.funcs) or bool(r.environment),
+           "reward.funcs is empty: name at least one reward, e.g. {rule: 1.0}")
     for name, weight in cfg.reward.funcs.items():
         _check(isinstance(weight, (int, float)) and not isinstance(weight, bool),
                f"reward.funcs.{name} weight must be a number, got {weight!r}")
@@ -217,7 +241,7 @@ def _check_reward_model_task(cfg: GRPOConfig) -> None:
            "loss.ref_model_sync_steps needs full fine-tuning: with model.lora_r > 0 the reference is "
            "the base model itself; set loss.ref_model_sync_steps=0")
     t = cfg.task
-    _check(t.name == "arithmetic" or t.path is not None or t.name in ("gsm8k", "math500"),
+    _check(t.name in ("arithmetic", "environment") or t.path is not None or t.name in ("gsm8k", "math500"),
            f"task.path is required for task.name={t.name}: give the jsonl file")
     _check(t.digits >= 1 and t.terms >= 2, "task.digits must be >= 1 and task.terms >= 2")
     _check(bool(t.operators) and set(t.operators) <= set("+-*"),
@@ -255,7 +279,7 @@ def _check_reward_models(cfg: GRPOConfig) -> None:
 
 def validate(cfg: GRPOConfig) -> None:
     """Every check; each failure is one line naming the field and the fix."""
-    for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_loss,
+    for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_agents, _check_loss,
                   _check_optim_and_run, _check_reward_model_task, _check_reward_models):
         check(cfg)
 

@@ -26,6 +26,8 @@ log = logging.getLogger("grpokit")
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 DEMO_CHECKPOINT = ASSETS / "arith-demo"
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
+# the agents demos' warm starts (docs/agents.md), made by `grpokit sft --traces ...` from builtin:arith-demo
+AGENT_DEMOS = ("builtin:calculator-demo", "builtin:guess-demo")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -133,11 +135,14 @@ def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype):
 
     if cfg.name_or_path == SMOLLM2_ALIAS:
         folder, gguf = find_smollm2_gguf()
+    elif cfg.name_or_path in AGENT_DEMOS:
+        folder, gguf = ASSETS / cfg.name_or_path.split(":", 1)[1], None
     else:
         folder, gguf = Path(cfg.name_or_path).expanduser(), cfg.gguf_file
     if not folder.exists():
         raise ModelError(f"model path '{folder}' does not exist: give a local AutoModelForCausalLM folder "
-                         f"or one of builtin:arith-demo, builtin:tiny-random, {SMOLLM2_ALIAS}")
+                         f"or one of builtin:arith-demo, builtin:tiny-random, {', '.join(AGENT_DEMOS)}, "
+                         f"{SMOLLM2_ALIAS}")
     if gguf and not (folder / gguf).is_file():
         raise ModelError(f"GGUF file '{gguf}' not found in '{folder}': check model.gguf_file")
     if not gguf and not (folder / "config.json").is_file():

@@ -138,7 +138,10 @@ def completions_section(entries: list[dict[str, Any]]) -> str:
             rows = []
             for i, c in enumerate(e["completions"]):
                 cls = "pos" if c["advantage"] > 1e-9 else "neg" if c["advantage"] < -1e-9 else ""
-                cells = [f"<td>{i}</td>", f"<td class='text'>{_e(c['text'])}</td>",
+                calls = "".join(f"\n  {x['tool']}({_e(json.dumps(x['arguments']))}) -> "
+                                f"{_e(x['error'] or x['result'])}" for x in c.get("calls", []))
+                cells = [f"<td>{i}</td>", f"<td class='text'>{_e(c['text'])}"
+                         f"{'<br><i>tool calls:</i>' + calls if calls else ''}</td>",
                          f"<td>{_num(c['reward'], 3)}</td>", f"<td class='{cls}'>{c['advantage']:+.3f}</td>"]
                 cells += [f"<td>{_num(c['rewards'].get(f), 3)}</td>" for f in funcs]
                 cells.append(f"<td>{c['length']}{' (cut)' if c['truncated'] else ''}</td>")

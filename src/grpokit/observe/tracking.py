@@ -3,7 +3,9 @@
 Two optional records, both JSONL in the run folder (truncated on resume like metrics.jsonl):
 
     completions.jsonl     every run.log_completions_steps steps: a few prompts with their G completions,
-                          each with its reward, per-function scores and advantage (also printed as a table)
+                          each with its reward, per-function scores and advantage (also printed as a table);
+                          a multi-turn completion (tools) is its conversation as text, with its tool calls
+                          (name, arguments, result, error, latency), turns and why it ended
     prompt_history.jsonl  with run.track_prompts: one row per prompt each time it is sampled, with the
                           group's reward mean and std (and accuracy), so a user can see which questions
                           "graduated" (the whole group answers right) and when
@@ -57,6 +59,28 @@ def prompt_id(prompt: Any) -> str:
     return hashlib.sha1(prompt_text(prompt).encode("utf-8")).hexdigest()[:10]
 
 
+def conversation_text(completion: Any) -> str:
+    """A completion as readable text: as is, or chat messages one per line (calls and tool results shown)."""
+    if not isinstance(completion, list):
+        return str(completion)
+    lines = []
+    for m in completion:
+        calls = [f"{c['function']['name']}({json.dumps(c['function'].get('arguments', {}))})"
+                 for c in m.get("tool_calls") or []]
+        who = f"tool {m.get('name', '')}".strip() if m.get("role") == "tool" else str(m.get("role", ""))
+        lines.append(f"[{who}] {m.get('content', '')}" + (f" -> calls {', '.join(calls)}" if calls else ""))
+    return "\n".join(lines)
+
+
+def _calls(trajectory) -> dict[str, Any]:
+    """A trajectory's tool calls, turns and stop, for completions.jsonl."""
+    if trajectory is None:
+        return {}
+    return {"turns": len(trajectory.turns), "stop": trajectory.stop,
+            "calls": [{"tool": c.name, "arguments": c.arguments, "result": c.result[:TEXT_LIMIT],
+                       "error": c.error, "latency_s": round(c.latency_s, 6)} for c in trajectory.calls]}
+
+
 def _num(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
@@ -98,6 +122,7 @@ def completion_entries(step: int, rollout, scores, advantages: torch.Tensor, ans
     total = scores.total.detach().float().cpu()
     per_func = {k: v.detach().float().cpu() for k, v in scores.per_func.items()}
     lengths = rollout.completion_mask.sum(-1).cpu()
+    trajs = getattr(rollout, "trajectories", None)   # multi-turn: tool calls per completion
     entries = []
     for g in range(min(num_prompts, len(rollout.prompts) // G)):
         rows = range(g * G, (g + 1) * G)
@@ -109,10 +134,11 @@ def completion_entries(step: int, rollout, scores, advantages: torch.Tensor, ans
             "answer": answers.get(prompt_text(rollout.prompts[g * G])),
             "reward_mean": _num(float(valid.mean())) if valid.numel() else None,
             "reward_std": float(valid.std()) if valid.numel() > 1 else 0.0,
-            "completions": [{"text": rollout.completions[i], "reward": _num(float(total[i])),
-                             "advantage": float(adv[i]),
+            "completions": [{"text": conversation_text(rollout.completions[i]),
+                             "reward": _num(float(total[i])), "advantage": float(adv[i]),
                              "rewards": {k: _num(float(v[i])) for k, v in per_func.items()},
-                             "length": int(lengths[i]), "truncated": bool(rollout.truncated[i])}
+                             "length": int(lengths[i]), "truncated": bool(rollout.truncated[i]),
+                             **_calls(trajs[i] if trajs else None)}
                             for i in rows]})
     return entries
 

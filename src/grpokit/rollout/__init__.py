@@ -1,6 +1,8 @@
 """[A] Sampling G completions per prompt, and the `Rollout` contract between sampling and update.
 
-    groups        sample_groups, Rollout (ids, masks up to the first EOS), prompt encoding
+    groups        sample_groups, Rollout (ids, attention and loss masks), prompt encoding
+    trajectory    a multi-turn sample's record: its turns (completion columns), tool calls, why it ended
+    turns         the multi-turn decode loop: rows stop at tool calls and are fed the results
     sampler       grpokit's own KV-cache decode loop (rollout.backend=fast); its C kernels come through
                   grpokit.fast
     decode_linear the decode loop's matmuls (weights packed once per call for oneDNN)

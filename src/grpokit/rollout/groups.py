@@ -1,7 +1,11 @@
 """[A] Group sampling: G completions per prompt, and the `Rollout` contract between sampling and update.
 
 Nothing downstream of a Rollout touches the sampler or re-tokenizes text: the completion token ids
-are kept exactly as generated, and the mask says which of them the loss may see.
+are kept exactly as generated. Two masks mean two things: `completion_mask`, what the model attends to
+(every real completion token), and `loss_mask`, what the loss trains (the tokens the policy sampled). In
+a single-turn rollout they are the same tensor; a multi-turn rollout (tools, environments:
+`grpokit.rollout.turns`) also has the environment's tokens between model turns, attended and never
+trained, and a `Trajectory` per row (`grpokit.rollout.trajectory`) with its turns and tool calls.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import torch
 from grpokit.model.loading import eval_mode
 from grpokit.rewards.scoring import RewardBatch
 from grpokit.rollout import sampler
+from grpokit.rollout.trajectory import Trajectory
+from grpokit.rollout.turns import TurnDriver, turn_masks
 
 log = logging.getLogger("grpokit")
 prompt_log = logging.getLogger("grpokit.prompts")  # over-long prompts; evaluation reports them once itself
@@ -30,14 +36,24 @@ class Rollout:
 
     prompt_ids: torch.Tensor          # [N, P] long, left-padded with pad_token_id
     prompt_mask: torch.Tensor         # [N, P] long, 1 on real prompt tokens
-    completion_ids: torch.Tensor      # [N, T] long, as sampled; pad after the first EOS
-    completion_mask: torch.Tensor     # [N, T] long, 1 up to and including the first EOS
+    completion_ids: torch.Tensor      # [N, T] long, as sampled (and inserted); pad after the end
+    completion_mask: torch.Tensor     # [N, T] long, attention: 1 up to and including the first EOS (one
+                                      # turn) / the last token of the trajectory (several turns)
     group_ids: torch.Tensor           # [N] long, index of the prompt (0..B-1) each row answers
     completions: list[str]            # N decoded completions (special tokens skipped)
     prompts: list[Any]                # N prompts (text or chat messages), each repeated G times
     truncated: torch.Tensor           # [N] bool, no EOS within max_new_tokens
     group_size: int                   # G
     sampling_logprobs: torch.Tensor | None = None  # [N, T] log-probs under the sampling distribution
+    # [N, T] long, 1 on the tokens the policy sampled, 0 on environment tokens and padding; None: every
+    # completion token was sampled (one turn: the same as completion_mask)
+    model_mask: torch.Tensor | None = None
+    trajectories: list[Trajectory] | None = None  # N records (turns, tool calls, stop); None: one turn
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[N, T] the tokens the loss trains: the policy's own (environment tokens are attended only)."""
+        return self.completion_mask if self.model_mask is None else self.model_mask
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -59,9 +75,12 @@ class Rollout:
         idx = torch.as_tensor(rows, dtype=torch.long)
         pick = idx.tolist()
         lp = None if self.sampling_logprobs is None else self.sampling_logprobs[idx]
+        model = None if self.model_mask is None else self.model_mask[idx]
+        trajectories = None if self.trajectories is None else [self.trajectories[i] for i in pick]
         return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
                        self.completion_mask[idx], self.group_ids[idx], [self.completions[i] for i in pick],
-                       [self.prompts[i] for i in pick], self.truncated[idx], self.group_size, lp)
+                       [self.prompts[i] for i in pick], self.truncated[idx], self.group_size, lp, model,
+                       trajectories)
 
 
 def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
@@ -80,6 +99,7 @@ def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         group_ids.append(r.group_ids - r.group_ids.min() + offset if r.group_ids.numel() else r.group_ids)
         offset += int(r.group_ids.numel() // r.group_size)
     has_lp = all(r.sampling_logprobs is not None for r in parts)
+    turns = any(r.model_mask is not None for r in parts)
     return Rollout(
         prompt_ids=torch.cat([lpad(r.prompt_ids, P, pad_token_id) for r in parts]),
         prompt_mask=torch.cat([lpad(r.prompt_mask, P, 0) for r in parts]),
@@ -91,6 +111,9 @@ def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         truncated=torch.cat([r.truncated for r in parts]),
         group_size=parts[0].group_size,
         sampling_logprobs=torch.cat([rpad(r.sampling_logprobs, T, 0.0) for r in parts]) if has_lp else None,
+        model_mask=torch.cat([rpad(r.loss_mask, T, 0) for r in parts]) if turns else None,
+        trajectories=[t for r in parts for t in (r.trajectories or [Trajectory()] * len(r.prompts))]
+        if turns else None,
     )
 
 
@@ -190,12 +213,16 @@ def _generate_backend(model, prompt_ids, prompt_mask, max_new_tokens: int, *, te
 
 
 def render_prompts(tokenizer, prompts: Sequence[Any], max_prompt_length: int | None, truncate_prompt: str,
-                   chat_template_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts (text, or chat messages rendered with the chat template) -> left-padded ids, mask [B, P]."""
+                   chat_template_kwargs: dict | None = None,
+                   tools: Sequence[list[dict] | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts (text, or chat messages rendered with the chat template) -> left-padded ids, mask [B, P].
+
+    tools: per prompt, the tool schemas the chat template renders into it (text prompts: unused)."""
     chat = [isinstance(p, list) for p in prompts]
+    extra = [{} if tools is None or not tools[i] else {"tools": tools[i]} for i in range(len(prompts))]
     texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
-                                           **(chat_template_kwargs or {})) if c else p
-             for p, c in zip(prompts, chat)]
+                                           **(chat_template_kwargs or {}), **extra[i]) if c else p
+             for i, (p, c) in enumerate(zip(prompts, chat))]
     return encode_prompts(tokenizer, texts, max_prompt_length, truncate_prompt,
                           add_special_tokens=not any(chat))
 
@@ -222,6 +249,8 @@ def sample_groups(
     generation_batch_size: int = 0,
     greedy: bool = False,
     chat_template_kwargs: dict | None = None,
+    tools: Sequence[list[dict] | None] | None = None,
+    driver: TurnDriver | None = None,
 ) -> Rollout:
     """Sample G completions for each prompt with the current policy.
 
@@ -241,36 +270,31 @@ def sample_groups(
         generation_batch_size: completions decoded at once (0 = all N), a multiple of G.
         greedy: argmax decoding instead of sampling (evaluation; use group_size=1).
         chat_template_kwargs: extra keywords for the chat template (task.chat_template_kwargs).
+        tools: per prompt, the tool schemas rendered into a chat prompt (None: none).
+        driver: the N rows' tool loop (`grpokit.agents.driver.ToolDriver`); None: one turn, as always.
 
     Returns:
-        A Rollout with N = B * G rows.
+        A Rollout with N = B * G rows (multi-turn: with model_mask and trajectories).
     """
     prompt_ids, prompt_mask = render_prompts(tokenizer, prompts, max_prompt_length, truncate_prompt,
-                                             chat_template_kwargs)
+                                             chat_template_kwargs, tools)
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     eos_ids = eos_token_ids(model, tokenizer)
     use_fast = sampler.choose_backend(model, backend)
+    if driver is not None:
+        _begin_turns(model, backend, use_fast, driver, prompt_ids, prompt_mask, group_size)
     B = prompt_ids.shape[0]
     chunk = max(1, (generation_batch_size or B * group_size) // group_size)  # prompts per decode call
-    pieces, logps = [], []
-    for s in range(0, B, chunk):
-        p_ids, p_mask = prompt_ids[s:s + chunk], prompt_mask[s:s + chunk]
-        if use_fast:
-            ids, lp = sampler.fast_sample(model, p_ids, p_mask, group_size, max_new_tokens,
-                                          temperature=temperature, top_p=top_p, top_k=top_k, eos_ids=eos_ids,
-                                          pad_id=tokenizer.pad_token_id, suppress_eos=suppress_eos,
-                                          greedy=greedy)
-            logps.append(lp)
-        else:
-            rep_ids, rep_mask = (p_ids.repeat_interleave(group_size, 0),
-                                 p_mask.repeat_interleave(group_size, 0))
-            ids = _generate_backend(model, rep_ids, rep_mask, max_new_tokens, temperature=temperature,
-                                    top_p=top_p, top_k=top_k, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id,
-                                    suppress_eos=suppress_eos, greedy=greedy)
-        pieces.append(ids)
+    kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, eos_ids=eos_ids,
+              pad_id=tokenizer.pad_token_id, suppress_eos=suppress_eos, greedy=greedy)
+    pieces, logps = _decode_chunks(model, prompt_ids, prompt_mask, group_size, max_new_tokens, chunk,
+                                   use_fast, kw, driver)
     T = max(p.shape[1] for p in pieces)
     completion_ids = _pad_cat(pieces, T, tokenizer.pad_token_id)                  # [N, T]
+    if driver is not None:
+        return _turns_rollout(tokenizer, prompts, prompt_ids, prompt_mask, group_size, completion_ids,
+                              _pad_cat(logps, T, 0), driver, eos_ids)
     mask, truncated = completion_mask_from_ids(completion_ids, eos_ids)
     completion_ids = torch.where(mask.bool(), completion_ids,
                                  torch.full_like(completion_ids, tokenizer.pad_token_id))
@@ -282,3 +306,57 @@ def sample_groups(
                    group_ids=torch.arange(B, device=device).repeat_interleave(group_size),
                    completions=texts_out, prompts=texts_in, truncated=truncated, group_size=group_size,
                    sampling_logprobs=sampling_logprobs)
+
+
+def _decode_chunks(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                   max_new_tokens: int, chunk: int, use_fast: bool, kw: dict[str, Any],
+                   driver: TurnDriver | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Completion ids (and, fast sampler, log-probs) per chunk of `chunk` prompts: [chunk * G, <=T] each."""
+    pieces, logps = [], []
+    for s in range(0, prompt_ids.shape[0], chunk):
+        p_ids, p_mask = prompt_ids[s:s + chunk], prompt_mask[s:s + chunk]
+        if use_fast:
+            ids, lp = sampler.fast_sample(model, p_ids, p_mask, group_size, max_new_tokens, **kw,
+                                          driver=driver, row0=s * group_size)
+            logps.append(lp)
+        else:
+            rep_ids, rep_mask = (p_ids.repeat_interleave(group_size, 0),
+                                 p_mask.repeat_interleave(group_size, 0))
+            ids = _generate_backend(model, rep_ids, rep_mask, max_new_tokens, **kw)
+        pieces.append(ids)
+    return pieces, logps
+
+
+def _begin_turns(model, backend: str, use_fast: bool, driver: TurnDriver, prompt_ids: torch.Tensor,
+                 prompt_mask: torch.Tensor, group_size: int) -> None:
+    """Multi-turn: grpokit's sampler is required; the driver gets each row's prompt ids."""
+    if not use_fast:
+        raise ValueError(f"tool calling needs grpokit's sampler, which does not cover this architecture "
+                         f"({getattr(model.config, 'model_type', '?')}) or rollout.backend={backend}: "
+                         f"use a model of {', '.join(sampler.FAST_MODEL_TYPES)} and rollout.backend=auto")
+    rows = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask)]
+    driver.begin([r for r in rows for _ in range(group_size)])
+
+
+def _turns_rollout(tokenizer, prompts: Sequence[Any], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                   group_size: int, completion_ids: torch.Tensor, logps: torch.Tensor, driver: TurnDriver,
+                   eos_ids: list[int]) -> Rollout:
+    """The Rollout of a multi-turn decode: masks and ends from the driver's trajectories."""
+    N, T = completion_ids.shape
+    mask, model = turn_masks(driver.trajectories, driver.lengths, T, completion_ids.device)    # [N, T] each
+    completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids,
+                                                                              tokenizer.pad_token_id))
+    ends = (torch.tensor(driver.lengths, device=mask.device) - 1).clamp(min=0)[:, None]   # [N, 1]
+    truncated = ~torch.isin(completion_ids.gather(1, ends)[:, 0],
+                            torch.tensor(eos_ids, device=mask.device))              # [N] no EOS at the end
+    rows = [p for p in prompts for _ in range(group_size)]
+    texts = tokenizer.batch_decode(completion_ids.tolist(), skip_special_tokens=True)
+    completions = [traj.messages() if isinstance(p, list) else text
+                   for p, traj, text in zip(rows, driver.trajectories, texts)]
+    B = prompt_ids.shape[0]
+    return Rollout(prompt_ids=prompt_ids.repeat_interleave(group_size, 0),
+                   prompt_mask=prompt_mask.repeat_interleave(group_size, 0), completion_ids=completion_ids,
+                   completion_mask=mask,
+                   group_ids=torch.arange(B, device=mask.device).repeat_interleave(group_size),
+                   completions=completions, prompts=rows, truncated=truncated, group_size=group_size,
+                   sampling_logprobs=logps * model, model_mask=model, trajectories=driver.trajectories)

@@ -42,6 +42,7 @@ from grpokit.model.precision import autocast_for, compute_dtype
 from grpokit.rollout.cached_engine import CachedEngine
 from grpokit.rollout.decode_linear import DecodeLinear, fused
 from grpokit.rollout.sampling import pick_tokens
+from grpokit.rollout.turns import TurnDriver, decode_turns
 
 log = logging.getLogger("grpokit")
 
@@ -264,14 +265,17 @@ class LeanDecoder:
 @torch.no_grad()
 def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                 max_new_tokens: int, *, temperature: float, top_p: float, top_k: int, eos_ids: list[int],
-                pad_id: int, suppress_eos: bool = False,
-                greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                pad_id: int, suppress_eos: bool = False, greedy: bool = False,
+                driver: TurnDriver | None = None, row0: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample G completions per prompt with a shared-prefix KV cache.
 
     Args:
         prompt_ids, prompt_mask: [B, P] left-padded prompts (each prefilled once).
         group_size: G.
         greedy: argmax decoding (evaluation); log-probs are still those of the tempered distribution.
+        driver: multi-turn rollouts (tools): rows stop at tool calls and are fed the results
+            (`grpokit.rollout.turns.decode_turns`); None: one turn, the plain loop. row0: the first row's
+            index in the driver's batch.
 
     Inside a `grpokit.fast.accelerated` scope that records this model's batch, the lean engine records
     every projection output (`grpokit.fast.reuse.ActivationRecord`) and hands it to the scope at the end.
@@ -289,8 +293,13 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
             engine = _LeanEngine(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
         else:
             engine = CachedEngine(model, prompt_ids, prompt_mask, group_size)
-        tokens, logps = _decode(engine, prompt_ids.shape[0] * group_size, max_new_tokens, temperature, top_p,
-                                top_k, eos_ids, pad_id, suppress_eos, greedy, prompt_ids.device)
+        N = prompt_ids.shape[0] * group_size
+        if driver is None:
+            tokens, logps = _decode(engine, N, max_new_tokens, temperature, top_p, top_k, eos_ids, pad_id,
+                                    suppress_eos, greedy, prompt_ids.device)
+        else:
+            tokens, logps = decode_turns(engine, driver, row0, N, max_new_tokens, temperature, top_p, top_k,
+                                         pad_id, greedy, prompt_ids.device)
         record = engine.dec.record if lean else None
         if record is not None:
             record.finish(tokens)

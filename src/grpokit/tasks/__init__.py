@@ -5,7 +5,9 @@
 
 Built-in tasks (`task.name`): ``arithmetic`` (generated offline from `task.seed`), ``gsm8k``,
 ``math500``, ``jsonl`` (any file with `task.prompt_column` and `task.answer_column`) and ``hf``
-(TRL-format data read with `datasets`, taken as it is: `grpokit.tasks.hf`). The modules: `base` (the
+(TRL-format data read with `datasets`, taken as it is: `grpokit.tasks.hf`), and ``environment`` (no
+data: `task.num_train` / `task.num_eval` empty prompts that `rollout.environment`'s reset() fills, as
+TRL's trainer does without a dataset). The modules: `base` (the
 `Example` record and the task errors), `arithmetic` (the generator), `files` (GSM8K, MATH-500 and jsonl
 readers) and `hf`.
 
@@ -125,6 +127,8 @@ def load_examples(task: TaskConfig, split: str) -> list[Example]:
     """
     if task.name == "hf":  # TRL-format rows: prompts and columns as they are (no instruction, no few-shot)
         return hf_examples(task, split)
+    if task.name == "environment":
+        return environment_examples(task, split)
     problems = _problems(task, split)
     if not problems:
         raise TaskError(f"task {task.name}: split '{split}' has no examples: "
@@ -156,3 +160,17 @@ def prompt_text(example: Example, tokenizer: Any) -> str:
         msg = " ".join(str(e).split())[:160]
         raise TaskError(f"cannot apply a chat template with this tokenizer ({msg}): "
                         f"set task.chat_template=false or use a tokenizer that has one") from None
+
+
+def environment_examples(task: TaskConfig, split: str) -> list[Example]:
+    """task.name=environment: empty prompts (the system prompt, if any) for the environment's reset() to fill;
+    num_train of them for training, num_eval held out. Each row has an `episode` number (held-out ones
+    after the training ones), which reset() receives: an environment may play episode k the same way
+    every time (then the G rollouts of a group play the same episode, and every evaluation the same ones)."""
+    held_out = split == task.eval_split or split in _HELD_OUT_NAMES
+    first, n = (task.num_train, task.num_eval) if held_out else (0, task.num_train)
+    if task.chat_template:
+        system = [{"role": "system", "content": task.system_prompt}] if task.system_prompt else []
+        return [Example(system + [{"role": "user", "content": ""}], "", {"episode": first + i})
+                for i in range(n)]
+    return [Example(task.system_prompt or "", "", {"episode": first + i}) for i in range(n)]

@@ -142,7 +142,9 @@ def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None
                 "entropy_control": [getattr(state, "entropy_coef", None),
                                     getattr(state, "last_entropy", None)],
                 "metrics_offset": {"bytes": size, "rows": rows},
-                "metrics_row": None if metrics_row is None else json.dumps(metrics_row, default=float)},
+                "metrics_row": None if metrics_row is None else json.dumps(metrics_row, default=float),
+                # environments' random states (rollout.environment; grpokit.agents.environments)
+                "env_rng": state.agent.rng_state() if getattr(state, "agent", None) is not None else None},
                tmp / STATE_FILE)
     (tmp / "config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
     if getattr(state, "reward_loop", None) is not None:  # Algorithm 1: the RM, its optimizer, the replay pool

@@ -30,7 +30,11 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
     prompts = [ex.prompt for ex in examples]
     with timer("generate"), state.dist.unsharded(state.model):
         # vllm: another engine samples (grpokit.rollout.vllm_backend); the same Rollout contract
-        if r.backend == "vllm":
+        env_extra: dict[str, Any] = {}
+        if state.agent is not None:   # tools / environments: multi-turn (grpokit.agents)
+            rollout, env_extra = state.agent.sample(state.model, state.tokenizer, examples, r.num_generations,
+                                                    cfg)
+        elif r.backend == "vllm":
             rollout = vllm_sample(state, prompts)
         else:
             rollout = sample_groups(state.model, state.tokenizer, prompts, r.num_generations,
@@ -42,7 +46,8 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
     with timer("reward"):
         columns = _reward_columns(examples, r.num_generations)
         ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
-        extra: dict[str, Any] = dict(completion_ids=ids, **reward_kwargs(cfg), **state.reward_hooks)
+        extra: dict[str, Any] = dict(completion_ids=ids, **reward_kwargs(cfg), **state.reward_hooks,
+                                     **env_extra)   # environments= (TRL's keyword), rollout_func's fields
         if any(getattr(fn, "process", False) for _, fn, _ in state.reward_funcs):
             extra["completion_char_ends"] = [token_char_ends(state.tokenizer, row) for row in ids]
         scores = score_responses(state.reward_funcs, rollout.prompts, rollout.completions, columns,

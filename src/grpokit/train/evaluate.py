@@ -27,6 +27,7 @@ import torch
 
 from grpokit import fast
 from grpokit.config.schema import GRPOConfig
+from grpokit.observe.agent_metrics import per_trajectory, trajectory_means
 from grpokit.rewards.scoring import (
     REWARDS,
     build_reward_funcs,
@@ -86,13 +87,15 @@ def _score(cfg: GRPOConfig, tokenizer, rollout, examples: Sequence, group_size: 
             "reward": scores.total, "correct": torch.tensor(correct, dtype=torch.float32),
             "format": torch.tensor(formatted, dtype=torch.float32),
             "length": rollout.completion_mask.sum(-1).float().cpu(),
-            "truncated": rollout.truncated.float().cpu()}
+            "truncated": rollout.truncated.float().cpu(), **per_trajectory(rollout)}
 
 
 def decode_and_score(model, tokenizer, examples: Sequence, cfg: GRPOConfig, group_size: int, *, greedy: bool,
                      progress: bool, desc: str, reward_funcs: list | None = None,
-                     reward_extra: dict | None = None) -> dict[str, torch.Tensor]:
-    """Decode `group_size` completions per example in fixed batches and score them; tensors [N]."""
+                     reward_extra: dict | None = None, agent=None) -> dict[str, torch.Tensor]:
+    """Decode `group_size` completions per example in fixed batches and score them; tensors [N].
+
+    agent: tools and environments (`grpokit.agents.agent.Agent`): multi-turn, on its evaluation pool."""
     from tqdm import tqdm
 
     r = cfg.rollout
@@ -100,20 +103,26 @@ def decode_and_score(model, tokenizer, examples: Sequence, cfg: GRPOConfig, grou
     batch = max(1, EVAL_BATCH // group_size)
     for s in tqdm(range(0, len(examples), batch), desc=desc, disable=not progress, leave=False,
                   dynamic_ncols=True):
-        chunk = examples[s:s + batch]
+        chunk, env_extra = examples[s:s + batch], {}
         with fast.accelerated(model):     # grpokit's optional CPU speed-ups (the fast decoder's kernels)
-            rollout = sample_groups(model, tokenizer, [ex.prompt for ex in chunk], group_size,
-                                    r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
-                                    top_k=r.top_k, max_prompt_length=r.max_prompt_length,
-                                    truncate_prompt=r.truncate_prompt, backend=r.backend, greedy=greedy,
-                                    chat_template_kwargs=cfg.task.chat_template_kwargs)
-        parts.append(_score(cfg, tokenizer, rollout, chunk, group_size, reward_funcs, reward_extra))
+            if agent is not None:
+                rollout, env_extra = agent.sample(model, tokenizer, chunk, group_size, cfg, greedy=greedy,
+                                                  evaluation=True)
+            else:
+                rollout = sample_groups(model, tokenizer, [ex.prompt for ex in chunk], group_size,
+                                        r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
+                                        top_k=r.top_k, max_prompt_length=r.max_prompt_length,
+                                        truncate_prompt=r.truncate_prompt, backend=r.backend, greedy=greedy,
+                                        chat_template_kwargs=cfg.task.chat_template_kwargs)
+        parts.append(_score(cfg, tokenizer, rollout, chunk, group_size, reward_funcs,
+                            {**(reward_extra or {}), **env_extra}))
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, *, limit: int = -1, num_samples: int = 0,
              ks: Sequence[int] = (1,), seed: int = 0, progress: bool | None = None,
-             reward_funcs: list | None = None, reward_extra: dict | None = None) -> dict[str, float]:
+             reward_funcs: list | None = None, reward_extra: dict | None = None,
+             agent=None) -> dict[str, float]:
     """Greedy (and optionally sampled) evaluation of `model` on the first `limit` examples.
 
     Args:
@@ -128,6 +137,9 @@ def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, *, limit: in
         progress: show a progress bar (default: cfg.run.progress).
         reward_funcs: (name, fn, weight) triples to score with; None: cfg.reward.funcs.
         reward_extra: more keywords for every reward call (TRL's trainer_state, log_metric, log_extra).
+        agent: tools and environments (`grpokit.agents.agent.Agent`): each problem is a multi-turn episode on
+            the agent's evaluation pool (re-seeded here: every evaluation plays the same episodes); the
+            result then also has turns_mean, tool_calls_mean and tool_error_rate.
 
     Returns:
         {num_problems, accuracy (greedy pass@1), reward_mean, format_rate, completion_length_mean,
@@ -144,21 +156,25 @@ def evaluate(model, tokenizer, examples: Sequence, cfg: GRPOConfig, *, limit: in
     check_prompt_lengths(tokenizer, examples, cfg)  # one line for every batch: the sampler's own are muted
     if reward_funcs is None:  # built once: an rm: reward model is loaded once, on the policy's device
         reward_funcs = build_reward_funcs(cfg, next(model.parameters()).device)
+        reward_funcs += agent.reward_funcs if agent is not None else []
+    if agent is not None and agent.eval_pool is not None:
+        agent.eval_pool.reseed()
     with _muted(prompt_log):
         greedy = decode_and_score(model, tokenizer, examples, cfg, 1, greedy=True, progress=progress,
-                                  desc="eval greedy", reward_funcs=reward_funcs, reward_extra=reward_extra)
+                                  desc="eval greedy", reward_funcs=reward_funcs, reward_extra=reward_extra,
+                                  agent=agent)
     out = {"num_problems": float(len(examples)), "accuracy": float(greedy["correct"].mean()),
            **{k: float(torch.nanmean(v)) for k, v in greedy.items() if k.startswith("rewards/")},
            "reward_mean": float(torch.nanmean(greedy["reward"])),
            "format_rate": float(greedy["format"].mean()),
            "completion_length_mean": float(greedy["length"].mean()),
-           "frac_truncated": float(greedy["truncated"].mean())}
+           "frac_truncated": float(greedy["truncated"].mean()), **trajectory_means(greedy)}
     if num_samples:
         with torch.random.fork_rng(devices=[]), _muted(prompt_log):
             torch.manual_seed(seed)
             sampled = decode_and_score(model, tokenizer, examples, cfg, num_samples, greedy=False,
                                        progress=progress, desc="eval sampled", reward_funcs=reward_funcs,
-                                       reward_extra=reward_extra)
+                                       reward_extra=reward_extra, agent=agent)
         c = sampled["correct"].view(len(examples), num_samples).sum(-1)   # [problems] correct samples
         out.update({"num_samples": float(num_samples), "sampled_accuracy": float(sampled["correct"].mean()),
                     "sampled_reward_mean": float(torch.nanmean(sampled["reward"])),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from grpokit.agents.agent import agent_from_config
 from grpokit.config.schema import GRPOConfig
 from grpokit.model.devices import place_model, resolve_device
 from grpokit.model.loading import load_model_and_tokenizer
@@ -44,13 +45,15 @@ log = logging.getLogger("grpokit")
 
 def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
                 eval_examples: list | None = None, reward_funcs: list | None = None,
-                dist: Distributed | None = None, ref_model=None) -> TrainState:
+                dist: Distributed | None = None, ref_model=None, agent=None) -> TrainState:
     """Load the policy (or take the given one), its frozen reference (only when beta > 0), data, rewards.
 
     train_examples / eval_examples: objects with .prompt, .answer, .columns (grpokit.tasks.Example);
     when None they come from the configured task. reward_funcs: (name, fn, weight) triples; None: from
     cfg.reward.funcs. dist: the ranks (`train_grpo` passes the one it opened); None: from the environment.
     ref_model: the frozen reference to use when beta > 0 (None: built from the policy, `reference_for`).
+    agent: tools and environments (`grpokit.agents.agent.Agent`); None: from rollout.tools /
+    rollout.environment (no tools: single-turn sampling); its environments' get_reward() join the rewards.
     """
     if dist is None:  # torchrun / accelerate launch: N ranks; else a no-op
         dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device)
@@ -83,24 +86,30 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     if cfg.loss.algorithm == "ppo":  # the comparison baseline: a value model initialised from the policy
         critic = build_critic(model, cfg)
     funcs = reward_funcs or build_reward_funcs(cfg, next(model.parameters()).device)
+    agent = agent if agent is not None else agent_from_config(cfg)
+    if agent is not None:   # an environment's get_reward(): one more reward column, weight 1 (TRL's)
+        funcs = funcs + [f for f in agent.reward_funcs if f[0] not in {n for n, _, _ in funcs}]
+    if not funcs:
+        raise TaskError("no reward: name reward.funcs, or use an environment that defines get_reward()")
     # Algorithm 1: trains the rm: reward in place
     loop = RewardLoop(cfg, funcs) if cfg.run.iterations else None
     stream = dist.shard_stream(PromptStream(train, cfg.run.seed, shuffle=cfg.task.shuffle))
     return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs, stream, evals, critic=critic,
-                      dist=dist, reward_loop=loop)
+                      dist=dist, reward_loop=loop, agent=agent)
 
 
 def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
                eval_examples: list | None = None, hooks: dict[str, Callable] | None = None,
                callbacks: TrainHooks | list | None = None, reward_funcs: list | None = None,
-               ref_model=None) -> TrainState:
+               ref_model=None, agent=None) -> TrainState:
     """[H] The GRPO loop: fresh samples every step, one metrics.jsonl row per step, evaluation before
     and after (when run.eval_limit != 0), checkpoints every run.save_steps, the final model saved with
     save_pretrained into run.output_dir/final.
 
     hooks (tests only): {"after_step": fn(state, metrics)}. callbacks: transformers-style TrainerCallbacks
     (or a `grpokit.train.callbacks.TrainHooks`); reward_funcs: (name, fn, weight) triples instead of cfg's;
-    ref_model: the reference with beta > 0 (None: a frozen copy of the policy, made here)."""
+    ref_model: the reference with beta > 0 (None: a frozen copy of the policy, made here); agent: tools and
+    environments instead of cfg's (see `build_state`)."""
     resolve_report_to(cfg.run.report_to)  # a missing tracker package fails now, not after loading the model
     check_environment(cfg)                 # the device and optional packages too (grpokit.train.preflight)
     # several ranks: only rank 0 writes, evaluates and saves
@@ -111,17 +120,17 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     with RunGuard(cfg, dist) as guard:
         return _train(cfg, dist, guard, model, tokenizer, train_examples=train_examples,
                       eval_examples=eval_examples, hooks=hooks or {}, callbacks=callbacks,
-                      reward_funcs=reward_funcs, ref_model=ref_model)
+                      reward_funcs=reward_funcs, ref_model=ref_model, agent=agent)
 
 
 def _train(cfg: GRPOConfig, dist: Distributed, guard: RunGuard, model, tokenizer, *, train_examples,
-           eval_examples, hooks, callbacks, reward_funcs, ref_model) -> TrainState:
+           eval_examples, hooks, callbacks, reward_funcs, ref_model, agent) -> TrainState:
     """`train_grpo` inside its RunGuard (grpokit.train.guard)."""
     from tqdm import tqdm
 
     out_dir = Path(cfg.run.output_dir)
     state = build_state(cfg, model, tokenizer, train_examples=train_examples, eval_examples=eval_examples,
-                        reward_funcs=reward_funcs, dist=dist, ref_model=ref_model)
+                        reward_funcs=reward_funcs, dist=dist, ref_model=ref_model, agent=agent)
     check_prompts(cfg, state.tokenizer, state.stream.examples, state.eval_examples)  # chat template, lengths
     events = callbacks if isinstance(callbacks, TrainHooks) else TrainHooks(cfg, callbacks)
     state.reward_hooks = events.reward_kwargs()
@@ -237,7 +246,7 @@ def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:
         if not state.dist.is_main:
             return {}
         result = evaluate(state.model, state.tokenizer, state.eval_examples, cfg, limit=cfg.run.eval_limit,
-                          reward_funcs=state.reward_funcs, reward_extra=state.reward_hooks)
+                          reward_funcs=state.reward_funcs, reward_extra=state.reward_hooks, agent=state.agent)
     row = {"tag": tag, "step": state.step, **result}
     with open(Path(cfg.run.output_dir) / "eval.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")

@@ -141,6 +141,8 @@ def load_trainer_state(state, folder: Path, *, optimizer: bool = True) -> dict[s
     set_rng_state(ranks[dist.rank] if dist is not None and len(ranks) == dist.world_size > 1 else blob["rng"])
     if getattr(state, "reward_loop", None) is not None:
         state.reward_loop.load(folder)
+    if getattr(state, "agent", None) is not None:   # the environments' random states
+        state.agent.set_rng_state(blob.get("env_rng"))
     return blob
 
 

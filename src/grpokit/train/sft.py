@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from typing import Sequence
 
@@ -31,6 +32,7 @@ import torch
 from grpokit.model.loading import tiny_random_model
 
 log = logging.getLogger("grpokit")
+TOOL_RESULT = re.compile(r"<tool_response>.*?</tool_response>", re.DOTALL)   # the plain format's results
 
 # The shipped model's shape (kept small: the GRPO demo must run in minutes on 2 CPU cores).
 DEMO_SHAPE = dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384, max_positions=128)
@@ -38,23 +40,28 @@ DEMO_SHAPE = dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384, m
 DEFAULTS = dict(steps=800, stop_at=210, batch_size=128, learning_rate=2e-3, warmup_steps=30, seed=0)
 
 
-def encode_pairs(tokenizer, prompts: Sequence[str],
-                 targets: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def encode_pairs(tokenizer, prompts: Sequence[str], targets: Sequence[str],
+                 mask_tool_results: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded prompt + target + EOS ids, attention mask and loss mask (targets and EOS only).
 
     The prompt is tokenized exactly as `rollout.encode_prompts` does, so training sees the same
-    prompt tokens that sampling will condition on.
+    prompt tokens that sampling will condition on. mask_tool_results: tool-calling traces, whose
+    <tool_response>...</tool_response> text is the environment's (attended, not trained: as in GRPO).
 
     Returns:
         (input_ids [B, L], attention_mask [B, L], loss_mask [B, L]); loss_mask[b, t] = 1 where token t
         is a target token (predicted from position t - 1).
     """
-    rows, spans = [], []
+    rows, spans, skip = [], [], []
     for prompt, target in zip(prompts, targets):
         p = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        t = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        enc = tokenizer(target, add_special_tokens=False, return_offsets_mapping=mask_tool_results)
+        t = enc["input_ids"] + [tokenizer.eos_token_id]
         rows.append(p + t)
         spans.append((len(p), len(p) + len(t)))
+        results = [m.span() for m in TOOL_RESULT.finditer(target)] if mask_tool_results else []
+        skip.append([len(p) + i for i, (a, _) in enumerate(enc.get("offset_mapping") or [])
+                     if any(s <= a < e for s, e in results)])
     L = max(len(r) for r in rows)
     ids = torch.full((len(rows), L), tokenizer.pad_token_id, dtype=torch.long)
     att = torch.zeros((len(rows), L), dtype=torch.long)
@@ -63,6 +70,7 @@ def encode_pairs(tokenizer, prompts: Sequence[str],
         ids[b, :len(row)] = torch.tensor(row)
         att[b, :len(row)] = 1
         loss_mask[b, s:e] = 1.0
+        loss_mask[b, skip[b]] = 0.0
     return ids, att, loss_mask
 
 
@@ -80,8 +88,8 @@ def build_demo_model(tokenizer, seed: int):
 
 
 def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int, learning_rate: float,
-              warmup_steps: int, seed: int, stop_at: int | None = None,
-              log_every: int = 50) -> list[dict[str, float]]:
+              warmup_steps: int, seed: int, stop_at: int | None = None, log_every: int = 50,
+              mask_tool_results: bool = False) -> list[dict[str, float]]:
     """Supervised fine-tuning on (prompt, columns['solution']) pairs; returns the logged rows.
 
     Batches are drawn by a seeded shuffle of the examples (reshuffled every epoch). The learning rate
@@ -102,7 +110,7 @@ def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int,
             order += extra
         batch, order = [examples[i] for i in order[:batch_size]], order[batch_size:]
         ids, att, mask = encode_pairs(tokenizer, [ex.prompt for ex in batch],
-                                      [ex.columns["solution"] for ex in batch])
+                                      [ex.columns["solution"] for ex in batch], mask_tool_results)
         loss = sft_loss(model, ids, att, mask)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -47,6 +47,9 @@ class TrainState:
     # optimizer step's mean entropy over the bonus' tokens (inf: not measured yet); both checkpointed
     entropy_coef: float | None = None
     last_entropy: float = float("inf")
+    # rollout.tools / rollout.environment (or TRL's tools, environment_factory, rollout_func):
+    # a grpokit.agents.agent.Agent that samples multi-turn rollouts; None: one turn per completion
+    agent: Any = None
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:

@@ -32,6 +32,7 @@ from grpokit.config.schema import GRPOConfig
 from grpokit.core.advantages import decoupled_advantages, group_advantages, process_advantages
 from grpokit.core.loss import k3_kl
 from grpokit.model.loading import sync_reference
+from grpokit.observe.agent_metrics import trajectory_stats
 from grpokit.observe.metrics import PhaseTimer, length_stats, nan_std, reward_stats, tensor_stats
 from grpokit.rollout.groups import Rollout
 from grpokit.train.collect import collect_batch
@@ -81,7 +82,8 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
     # step's passes only; outside this block, and with it left out, the step is plain PyTorch.
     with fast.accelerated(state.model, cfg, world_size=state.dist.world_size, timer=timer):
         rollout, scores, correct, info = collect_batch(state, timer)
-        loss_mask = rollout.completion_mask.float()
+        # the tokens the policy sampled (multi-turn: tool / environment tokens are attended, not trained)
+        loss_mask = rollout.loss_mask.float()
         if lo.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated).float()[:, None]  # no EOS: no loss
         # the update's micro-batch plan: reuse the sampler's record? decided once, here,
@@ -102,7 +104,7 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
             if lo.kl_in_reward and ref_lp is not None:
                 base = old_lp if old_lp is not None else forward_logprobs(state.model, rollout, cfg,
                                                                           state.dist.logprobs_fn(state.model))
-                seq_kl = (k3_kl(base, ref_lp) * rollout.completion_mask).sum(-1)  # [N]
+                seq_kl = (k3_kl(base, ref_lp) * rollout.loss_mask).sum(-1)  # [N]
                 rewards = rewards - lo.beta * seq_kl.to(rewards.device)
             if torch.isinf(rewards).any():  # NaN marks a skipped score; inf is a broken reward function
                 raise FloatingPointError("rewards contain inf: check the reward functions")
@@ -133,7 +135,8 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
                    **length_stats(mask, g(rollout.truncated), correct_all),
                    **upd, **state.dist.reduce_sums(info), "reward_errors": state.dist.sum(scores.num_errors),
                    "bad_steps": float(state.bad_steps), "skipped_updates": float(state.skipped_updates),
-                   "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum())}
+                   "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum()),
+                   **trajectory_stats(rollout, g)}   # tools / environments only: turns, calls, errors
         if tracker is not None:
             tracker.observe(state.step, rollout, scores, adv_flat, correct)
     return metrics

@@ -271,5 +271,5 @@ def grpo_loss(model, rollout, advantages: torch.Tensor, ref_model=None,
             ref = per_token_logprobs(ref_model, rollout.input_ids, rollout.attention_mask, T,
                                      temperature=temperature)
         ref = ref.clone()
-    return grpo_objective_from_logprobs(new, old_logprobs, ref, rollout.completion_mask, advantages,
+    return grpo_objective_from_logprobs(new, old_logprobs, ref, rollout.loss_mask, advantages,
                                         clip_eps, kl_coef, **objective_kw)

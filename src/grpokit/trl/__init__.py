@@ -11,6 +11,7 @@ grpokit's config or refused with a one-line reason (`grpokit.trl.fields`, docs/c
     trainer    GRPOTrainer: train(), evaluate(), save_model(), callbacks, on grpokit.train.loop.train_grpo
     logs       state.log_history and _logs as TRL writes them; evaluation: TRL's eval_loss and metrics
     generation transformers-generate options (min_p, repetition_penalty, generation_kwargs) for a run
+    agents     its tools=, environment_factory=, rollout_func= (grpokit.agents)
 """
 
 from grpokit.trl.config import GRPOConfig

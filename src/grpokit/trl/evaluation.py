@@ -47,6 +47,7 @@ class EvalRun:
     ref_model: Any = None             # with beta > 0
     entropy_coef: float | None = None  # the bonus applied (None: no bonus)
     reward_extra: dict = field(default_factory=dict)   # trainer_state, log_metric, log_extra
+    agent: Any = None                 # tools / environments (grpokit.agents.agent.Agent): multi-turn
 
     def prompts_per_batch(self) -> int:
         if self.batch_size % self.num_generations:
@@ -62,17 +63,22 @@ def _columns(examples: list, group_size: int) -> dict[str, list]:
 
 
 def _sample_and_score(run: EvalRun, examples: list):
-    r = run.cfg.rollout
-    rollout = sample_groups(run.model, run.tokenizer, [ex.prompt for ex in examples], run.num_generations,
-                            r.max_completion_length, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                            max_prompt_length=r.max_prompt_length, truncate_prompt=r.truncate_prompt,
-                            backend="auto" if r.backend == "vllm" else r.backend,
-                            chat_template_kwargs=run.cfg.task.chat_template_kwargs)
+    r, env_extra = run.cfg.rollout, {}
+    if run.agent is not None:   # multi-turn episodes on the agent's evaluation pool
+        rollout, env_extra = run.agent.sample(run.model, run.tokenizer, examples, run.num_generations,
+                                              run.cfg, evaluation=True)
+    else:
+        rollout = sample_groups(run.model, run.tokenizer, [ex.prompt for ex in examples], run.num_generations,
+                                r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
+                                top_k=r.top_k, max_prompt_length=r.max_prompt_length,
+                                truncate_prompt=r.truncate_prompt,
+                                backend="auto" if r.backend == "vllm" else r.backend,
+                                chat_template_kwargs=run.cfg.task.chat_template_kwargs)
     ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
     scores = score_responses(run.reward_funcs, rollout.prompts, rollout.completions,
                              _columns(examples, run.num_generations),
                              reward_errors=run.cfg.reward.reward_errors,
-                             completion_ids=ids, **reward_kwargs(run.cfg), **run.reward_extra)
+                             completion_ids=ids, **reward_kwargs(run.cfg), **run.reward_extra, **env_extra)
     return rollout, scores
 
 
@@ -86,7 +92,7 @@ def _batch_loss(run: EvalRun, rollout: Rollout, advantages: torch.Tensor) -> tup
                                           temperature=cfg.rollout.temperature, return_entropy=True)
         ref = None if run.ref_model is None or lo.beta == 0 else per_token_logprobs(
             run.ref_model, rollout.input_ids, rollout.attention_mask, T, temperature=cfg.rollout.temperature)
-    mask = rollout.completion_mask.float()
+    mask = rollout.loss_mask.float()   # the sampled tokens (multi-turn: not the tools' tokens)
     if lo.mask_truncated_completions:
         mask = mask * (~rollout.truncated).float()[:, None]
     variants, filters = objective_options(cfg, run.entropy_coef)

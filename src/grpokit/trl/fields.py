@@ -48,7 +48,6 @@ REASONS = {
     "vllm": "vLLM option not in grpokit's vLLM backend (use_vllm, vllm_mode, memory share, server URL)",
     "model": "model loading: grpokit loads a local folder itself; load the model yourself for anything else "
              "and pass the object",
-    "tools": "tool calling: not in grpokit",
     "supervised": "supervised-training option: GRPO has no labels",
     "steps": "one optimizer step per generation batch in grpokit: leave generation_batch_size and "
              "steps_per_generation unset (gradient_accumulation_steps sets the micro-batches)",
@@ -267,7 +266,8 @@ _GRPO = {  # trl.GRPOConfig's own fields
     "entropy_coef_max": Field(1.0, MAP, "loss.entropy_coef_max"),
     "entropy_coef_delta": Field(0.005, MAP, "loss.entropy_coef_delta"),
     "entropy_target": Field(0.2, MAP, "loss.entropy_target"),
-    "max_tool_calling_iterations": Field(None, REFUSE, "tools"),
+    "max_tool_calling_iterations": Field(None, MAP, "rollout.max_tool_calling_iterations (the tool loop of "
+                                         "GRPOTrainer(tools=..., environment_factory=...); docs/agents.md)"),
     "vllm_importance_sampling_correction": Field(True, DERIVED, "with use_vllm: loss.tis_level (False: "
                                                  "none)"),
     "vllm_importance_sampling_mode": Field("sequence_mask", DERIVED, "with use_vllm: loss.tis_level (token | "

@@ -105,13 +105,17 @@ def _as_function(item: Any, processing_class: Any) -> tuple[str, Callable]:
                       "give a callable(prompts, completions, **kwargs)")
 
 
-def reward_triples(reward_funcs: Any, weights: list | None,
-                   processing_classes: Any) -> tuple[list[tuple[str, Callable, float]], list]:
+def reward_triples(reward_funcs: Any, weights: list | None, processing_classes: Any,
+                   optional: bool = False) -> tuple[list[tuple[str, Callable, float]], list]:
     """TRL's reward_funcs (one or a list), reward_weights and reward_processing_classes as grpokit's
     (name, fn, weight) triples, and the processing classes, one per function (a reward model's own
-    tokenizer where none was given; None for plain functions)."""
+    tokenizer where none was given; None for plain functions).
+
+    optional: none is fine (an environment's get_reward() is the reward)."""
     items = [] if reward_funcs is None else (
         list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
+    if not items and optional and not weights:
+        return [], []
     if not items:
         raise ConfigError("No reward source provided: pass reward_funcs (a function, a reward model or a "
                           "list "

@@ -38,11 +38,11 @@ from grpokit.train.loop import save_final, train_grpo
 from grpokit.train.resume import newest_complete_checkpoint
 from grpokit.train.state import TrainState
 from grpokit.train.update import bonus_enabled
+from grpokit.trl.agents import agent_overrides, build_agent, check_data, for_tokenizer, train_examples
 from grpokit.trl.config import GRPOConfig
 from grpokit.trl.evaluation import EvalRun, evaluate_sets
 from grpokit.trl.generation import generation_options, restore_saved
 from grpokit.trl.inputs import (
-    dataset_examples,
     disable_dropout,
     eval_sets,
     is_iterable_dataset,
@@ -74,6 +74,9 @@ class GRPOTrainer:
         callbacks: transformers.TrainerCallback objects (see `grpokit.train.callbacks`).
         optimizers: must be (None, None): grpokit builds its AdamW from the config.
         peft_config: a peft config (LoraConfig, ...) to wrap a plain model with.
+        tools, environment_factory, rollout_func: TRL's agent arguments (`grpokit.trl.agents`): functions the
+            model may call; one environment per rollout (its methods are tools, get_reward() a reward);
+            a generation function of your own.
 
     Raises:
         ConfigError: a refused TRL field, inconsistent batch sizes, a bad dataset or reward function.
@@ -82,35 +85,45 @@ class GRPOTrainer:
     def __init__(self, model: Any, reward_funcs: Any = None, args: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None,
                  reward_processing_classes: Any = None, callbacks: list | None = None,
-                 optimizers: tuple = (None, None), peft_config: Any = None) -> None:
+                 optimizers: tuple = (None, None), peft_config: Any = None, tools: list | None = None,
+                 rollout_func: Any = None, environment_factory: Any = None) -> None:
         if tuple(optimizers) != (None, None):
             raise ConfigError("optimizers=(...) is not supported: grpokit builds AdamW and its schedule from "
                               "the config (learning_rate, lr_scheduler_type, optim); leave optimizers unset")
-        if train_dataset is None:
-            raise ConfigError("train_dataset is required: give a datasets.Dataset, an IterableDataset or a "
-                              "list "
-                              "of dicts with a 'prompt' column")
+        if train_dataset is None and environment_factory is None:
+            raise ConfigError("train_dataset is required: give a datasets.Dataset, an IterableDataset or "
+                              "a list of dicts with a 'prompt' column (only an environment_factory may go "
+                              "without)")
         name = model if isinstance(model, str) else model_name(model)
         self.args = args if args is not None else GRPOConfig(output_dir=f"{Path(name).name}-GRPO")
         refuse_images(train_dataset, processing_class)
+        check_data(train_dataset, environment_factory, getattr(self.args, "max_steps", -1))
         iterable = is_iterable_dataset(train_dataset)
         prepare_dataset_args(self.args, iterable, eval_dataset)
-        num_prompts = None if iterable else len(train_dataset)
+        num_prompts = None if iterable or train_dataset is None else len(train_dataset)
         self.translation = translate(self.args, num_prompts, int(os.environ.get("WORLD_SIZE", "1")))
         t = self.translation.overrides
         limit = t["run.max_steps"] * t["rollout.prompts_per_step"] if iterable else None
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self.train_examples = dataset_examples(train_dataset, limit)
+        self.train_examples = train_examples(train_dataset, environment_factory,
+                                             t["rollout.prompts_per_step"], limit)
         self.eval_sets = eval_sets(eval_dataset)
         self.eval_examples = [ex for examples in self.eval_sets.values() for ex in examples]
         self.reward_triples, self.reward_processing_classes = reward_triples(
-            reward_funcs, self.translation.trainer["reward_weights"], reward_processing_classes)
-        self.reward_funcs = [fn for _, fn, _ in self.reward_triples]
-        self.reward_func_names = [n for n, _, _ in self.reward_triples]
+            reward_funcs, self.translation.trainer["reward_weights"], reward_processing_classes,
+            optional=environment_factory is not None)   # an environment's get_reward() may be the reward
+        self._agent_keys = agent_overrides(tools, environment_factory)   # rollout.tools / environment
         self.config = self._nested_config(name, {})
         for warning in objective_warnings(self.config):
             log.warning(warning)
+        self.agent = build_agent(tools, environment_factory, rollout_func, self, self.config.run.seed)
+        if self.agent is not None:   # get_reward() columns, named after the environment class, weight 1
+            self.reward_triples += self.agent.reward_funcs
+            self.reward_processing_classes += [None] * len(self.agent.reward_funcs)
+        self.reward_funcs = [fn for _, fn, _ in self.reward_triples]
+        self.reward_func_names = [n for n, _, _ in self.reward_triples]
         self.model, self.processing_class = self._policy(model, processing_class, peft_config)
+        self.train_examples = for_tokenizer(self.train_examples, self.processing_class)
         # TRL's reference: a frozen copy with beta > 0, none for PEFT (the base with adapters disabled)
         self._reference = reference_for(self.model) if self.config.loss.beta > 0 else None
         self.ref_model = None if is_peft_model(self.model) else self._reference
@@ -121,7 +134,7 @@ class GRPOTrainer:
 
     def _nested_config(self, name: str, extra: dict[str, Any]) -> NestedConfig:
         """grpokit's config: the translation plus what the trainer itself knows (rewards, data, model)."""
-        return build_config({**self.translation.overrides, "model.name_or_path": name,
+        return build_config({**self.translation.overrides, **self._agent_keys, "model.name_or_path": name,
                              "reward.funcs": {n: w for n, _, w in self.reward_triples},
                              "task.name": "hf", "task.path": "in-memory:train_dataset",
                              "run.eval_limit": -1 if self.eval_examples else 0, **extra})
@@ -251,7 +264,7 @@ class GRPOTrainer:
                                            train_examples=self.train_examples,
                                            eval_examples=self.eval_examples,
                                            callbacks=self.callback_handler, reward_funcs=self.reward_triples,
-                                           ref_model=self._reference)
+                                           ref_model=self._reference, agent=self.agent)
         if self.translation.trainer["generation"]:   # the run's sampling options stay out of the saved model
             restore_saved(self.model, Path(cfg.run.output_dir) / "final")
         metrics = self.callback_handler.train_metrics
@@ -267,7 +280,8 @@ class GRPOTrainer:
         return EvalRun(self.config, self.model, self.processing_class, self.reward_triples,
                        num_generations=tr["num_generations_eval"], batch_size=tr["eval_batch_size"],
                        ref_model=self._reference if ts is None else ts.ref_model,
-                       entropy_coef=coef, reward_extra=self.callback_handler.reward_kwargs())
+                       entropy_coef=coef, reward_extra=self.callback_handler.reward_kwargs(),
+                       agent=self.agent)
 
     def _scheduled_evaluation(self) -> dict[str, Any]:
         with generation_options(self.model, self.translation.trainer["generation"]):

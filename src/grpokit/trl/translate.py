@@ -38,6 +38,7 @@ COPY = {"learning_rate": "optim.learning_rate", "weight_decay": "optim.weight_de
         "shuffle_dataset": "task.shuffle", "multi_objective_aggregation": "loss.multi_objective_aggregation",
         "top_entropy_quantile": "loss.top_entropy_quantile",
         "off_policy_mask_threshold": "loss.off_policy_mask_threshold",
+        "max_tool_calling_iterations": "rollout.max_tool_calling_iterations",
         **{name: f"loss.{name}" for name in (
             "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
             "vespo_lambda_neg", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",

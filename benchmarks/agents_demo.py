@@ -1,0 +1,126 @@
+"""The agents demonstrations of docs/agents.md: run them, keep their raw rows, draw their figures.
+
+    python benchmarks/agents_demo.py run calculator --seeds 0 1 2           # with the tool (~13 min each)
+    python benchmarks/agents_demo.py run calculator --seeds 0 1 2 --no-tool # the same model, no tool
+    python benchmarks/agents_demo.py run guess_number --seeds 0 1 2
+    python benchmarks/agents_demo.py report                                 # tables + docs/agents_*.png
+
+Each run is `grpokit train configs/agents_<name>.yaml run.seed=S` pinned to one core
+(`OMP_NUM_THREADS=1 taskset -c 1`), training for run.max_minutes=10 (evaluations off the clock); its
+eval.jsonl and metrics.jsonl are copied to benchmarks/results/agents_<name>[_notool]_seed<S>_*.jsonl with
+the run's wall time, and `report` reads only those files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+
+
+def _tag(name: str, tool: bool, seed: int) -> str:
+    return f"agents_{name}{'' if tool else '_notool'}_seed{seed}"
+
+
+def run(name: str, seed: int, tool: bool, core: int) -> None:
+    out = ROOT / "runs" / "agents" / _tag(name, tool, seed)
+    cmd = ["taskset", "-c", str(core), sys.executable, "-m", "grpokit", "train",
+           f"configs/agents_{name}.yaml", f"run.seed={seed}", f"run.output_dir={out}", "run.progress=false",
+           "run.overwrite=true"]
+    if not tool:
+        cmd.append("rollout.environment=null")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+    wall = time.perf_counter() - start
+    tag = _tag(name, tool, seed)
+    for kind in ("eval", "metrics"):
+        shutil.copy(out / f"{kind}.jsonl", RESULTS / f"{tag}_{kind}.jsonl")
+    wall_row = {"wall_seconds": round(wall, 1), "core": core}
+    (RESULTS / f"{tag}_wall.json").write_text(json.dumps(wall_row) + "\n")
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _runs(name: str, tool: bool) -> list[tuple[int, list[dict], list[dict], float]]:
+    out = []
+    for f in sorted(RESULTS.glob(f"{_tag(name, tool, 0)[:-1]}*_eval.jsonl")):
+        tag = f.name[:-len("_eval.jsonl")]
+        seed = int(tag.rsplit("seed", 1)[1])
+        wall = json.loads((RESULTS / f"{tag}_wall.json").read_text())["wall_seconds"]
+        out.append((seed, _rows(f), _rows(RESULTS / f"{tag}_metrics.jsonl"), wall))
+    return out
+
+
+def table(name: str, key: str, label: str) -> str:
+    """One markdown row per run: the key before and after, turns, tool calls, steps, train and wall time."""
+    lines = [f"| run | seed | {label} before | {label} after | change | turns before -> after | "
+             "tool calls -> | steps | training s | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for tool in (True, False):
+        for seed, evals, metrics, wall in _runs(name, tool):
+            b = next(r for r in evals if r["tag"] == "before")
+            a = next(r for r in evals if r["tag"] == "after")
+            trained = sum(r.get("time/step", 0.0) for r in metrics)
+            turns = f"{b.get('turns_mean', 1):.2f} -> {a.get('turns_mean', 1):.2f}"
+            lines.append(f"| {'tool' if tool else 'no tool'} | {seed} | {100 * b[key]:.1f}% | "
+                         f"{100 * a[key]:.1f}% | {100 * (a[key] - b[key]):+.1f} pt | {turns} | "
+                         f"{a.get('tool_calls_mean', 0):.2f} | {a['step']} | {trained:.0f} | {wall:.0f} |")
+    return "\n".join(lines)
+
+
+def figure(name: str, key: str, label: str) -> Path:
+    """The key of every evaluation against the training step, one line per run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for tool, style in ((True, "-"), (False, "--")):
+        for seed, evals, _, _ in _runs(name, tool):
+            ax.plot([r["step"] for r in evals], [100 * r[key] for r in evals], style, marker="o", ms=3,
+                    label=f"{'tool' if tool else 'no tool'}, seed {seed}")
+    ax.set_xlabel("GRPO step (10 minutes of training, one core)")
+    ax.set_ylabel(f"held-out {label} (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = DOCS / f"agents_{name}.png"
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("name", choices=["calculator", "guess_number"])
+    r.add_argument("--seeds", type=int, nargs="+", default=[0])
+    r.add_argument("--no-tool", action="store_true", help="the same config without the environment")
+    r.add_argument("--core", type=int, default=1)
+    sub.add_parser("report")
+    args = p.parse_args()
+    if args.what == "run":
+        for seed in args.seeds:
+            run(args.name, seed, not args.no_tool, args.core)
+        return 0
+    for name, key, label in (("calculator", "accuracy", "accuracy"),
+                             ("guess_number", "rewards/GuessNumber", "success")):
+        if _runs(name, True):
+            print(f"## {name}\n\n{table(name, key, label)}\n\nfigure: {figure(name, key, label)}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

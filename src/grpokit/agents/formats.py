@@ -1,0 +1,227 @@
+"""Where a model turn ends, how its tool calls are read, and how their results become tokens.
+
+Two formats (`rollout.tool_format`):
+
+    chat   the chat template's own: the turn ends at EOS (e.g. Qwen's <|im_end|>); its calls are read by
+           the tokenizer's `response_template` when it has one (transformers' `parse_response`, as TRL),
+           else as Hermes / Qwen2.5 blocks  <tool_call>{"name": ..., "arguments": {...}}</tool_call>;
+           the results are the template's rendering of `tool` messages after an assistant turn (what
+           follows the assistant's EOS up to the next assistant header), tokenized alone.
+    plain  for models without a tool template (text prompts): the turn ends right after
+           </tool_call>, whose body is either the JSON above or a Python-style call with literal
+           arguments, e.g.  <tool_call>multiply(123, 4567)</tool_call>  (positional arguments bind to
+           the tool's parameters in order); the result follows as text,
+           <tool_response>561741</tool_response>, and the model goes on in the same turn; EOS ends the
+           trajectory.
+
+A call that cannot be read (bad JSON, not a call, non-literal arguments) still gets a result: the error,
+so the model learns from it, and it is counted (`ToolCall.error`).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+import torch
+
+from grpokit.agents.tools import CallRequest, Tool
+from grpokit.rollout.trajectory import ToolCall
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+
+
+def parse_call(body: str) -> tuple[str, tuple, dict[str, Any]]:
+    """One call's body: JSON {"name", "arguments"} or a Python-style call name(args, key=value).
+
+    Raises:
+        ValueError: neither (the message says why).
+    """
+    body = body.strip()
+    if body.startswith("{"):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"the call is not valid JSON ({e.msg})") from None
+        args = obj.get("arguments", obj.get("parameters", {})) if isinstance(obj, dict) else None
+        if isinstance(args, str):   # some models write the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                args = None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(args, dict):
+            raise ValueError('a JSON call needs {"name": "...", "arguments": {...}}')
+        return obj["name"], (), args
+    try:
+        node = ast.parse(body, mode="eval").body
+    except SyntaxError:
+        raise ValueError("the call is neither JSON nor name(arguments)") from None
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise ValueError("the call is neither JSON nor name(arguments)")
+    try:
+        args = tuple(ast.literal_eval(a) for a in node.args)
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
+    except ValueError:
+        raise ValueError("call arguments must be literals (numbers, strings, lists, ...)") from None
+    return node.func.id, args, kwargs
+
+
+def requests_for(bodies: list[str], tools: dict[str, Tool]) -> list[CallRequest]:
+    """Call bodies as requests to `tools` (an unreadable body or unknown name: a request with its error)."""
+    out = []
+    for body in bodies:
+        try:
+            name, args, kwargs = parse_call(body)
+        except ValueError as e:
+            out.append(CallRequest(None, (), {}, name="", error=str(e)))
+            continue
+        out.append(CallRequest(tools.get(name), args, kwargs, name=name))
+    return out
+
+
+def _message(content: str, requests: list[CallRequest]) -> dict[str, Any]:
+    calls = [{"type": "function", "function": {"name": r.name, "arguments": dict(r.kwargs)}}
+             for r in requests if r.error is None]
+    return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+
+
+def _vocab_with(tokenizer, char: str) -> list[int]:
+    """Ids whose token text contains `char` (a cheap pre-filter for a marker's last character)."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return [i for i, p in enumerate(pieces) if p is not None and char in p]
+
+
+class PlainFormat:
+    """<tool_call>...</tool_call> in plain text; results as <tool_response>...</tool_response>."""
+
+    name = "plain"
+    prefix_preserving = True   # nothing is ever re-rendered
+
+    def __init__(self, tokenizer, eos_ids: list[int]) -> None:
+        self.tokenizer, self.eos_ids = tokenizer, set(eos_ids)
+        self.stop_ids = torch.tensor(sorted(self.eos_ids | set(_vocab_with(tokenizer, CALL_CLOSE[-1]))))
+
+    def turn_ended(self, turn: list[int]) -> bool:
+        if turn[-1] in self.eos_ids:
+            return True
+        return self.tokenizer.decode(turn[-24:], skip_special_tokens=False).rstrip().endswith(CALL_CLOSE)
+
+    def parse(self, turn: list[int], prefix: list[int], tools: dict[str, Tool]):
+        """(the turn as a chat message, its call requests: none when it ended at EOS)."""
+        text = self.tokenizer.decode(turn, skip_special_tokens=True)
+        if turn[-1] in self.eos_ids:
+            return {"role": "assistant", "content": text}, []
+        full = self.tokenizer.decode(turn, skip_special_tokens=False)
+        if CALL_OPEN in full:
+            body = full[full.rfind(CALL_OPEN) + len(CALL_OPEN):full.rfind(CALL_CLOSE)]
+            requests = requests_for([body], tools)
+        else:
+            requests = [CallRequest(None, (), {}, error=f"{CALL_CLOSE} without {CALL_OPEN}")]
+        return _message(text, requests), requests
+
+    def render(self, calls: list[ToolCall]) -> list[int]:
+        text = "".join(f"{RESPONSE_OPEN}{c.result}{RESPONSE_CLOSE}" for c in calls)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+class ChatFormat:
+    """The chat template's tool turns: calls parsed by response_template (or Hermes blocks), results
+    rendered as the template's `tool` messages."""
+
+    name = "chat"
+
+    def __init__(self, tokenizer, eos_ids: list[int], chat_template_kwargs: dict | None = None) -> None:
+        self.tokenizer, self.eos_ids = tokenizer, set(eos_ids)
+        self.kwargs = dict(chat_template_kwargs or {})
+        self.stop_ids = torch.tensor(sorted(self.eos_ids))
+        self.prefix_preserving = template_is_prefix_preserving(tokenizer, self.kwargs)
+
+    def turn_ended(self, turn: list[int]) -> bool:
+        return turn[-1] in self.eos_ids
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=generation_prompt, **self.kwargs)
+
+    def parse(self, turn: list[int], prefix: list[int], tools: dict[str, Tool]):
+        tok = self.tokenizer
+        if getattr(tok, "response_template", None) is not None:   # the template's own parser, as TRL
+            parsed = _parse_response(tok, turn, prefix, [t.schema for t in tools.values()])
+            requests = [CallRequest(tools.get(c["function"]["name"]), (), _arguments(c["function"]),
+                                    name=c["function"]["name"]) for c in parsed.get("tool_calls") or []]
+            return _message(parsed.get("content") or "", requests), requests
+        text = tok.decode([i for i in turn if i not in self.eos_ids], skip_special_tokens=False)
+        requests = requests_for(_BLOCK.findall(text), tools)
+        content = _BLOCK.sub("", text).strip()
+        return _message(content, requests), requests
+
+    def render(self, calls: list[ToolCall]) -> list[int]:
+        """The template's tool messages after an assistant turn that called (tokens after its EOS)."""
+        dummy = [{"role": "user", "content": "x"},
+                 {"role": "assistant", "content": "",
+                  "tool_calls": [{"type": "function", "function": {"name": calls[0].name or "tool",
+                                                                   "arguments": {}}}]}]
+        before = self._render(dummy, False)
+        results = [{"role": "tool", "name": c.name, "content": c.result} for c in calls]
+        after = self._render(dummy + results, True)
+        eos = [self.tokenizer.decode([i]) for i in self.eos_ids]
+        cut = max((before.rfind(e) + len(e) for e in eos if e and e in before), default=len(before))
+        if not after.startswith(before[:cut]):   # the template re-renders the turn: cut where they agree
+            cut = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), cut))
+        return self.tokenizer(after[cut:], add_special_tokens=False)["input_ids"]
+
+
+def _arguments(function: dict[str, Any]) -> dict[str, Any]:
+    args = function.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return {}
+    return args if isinstance(args, dict) else {}
+
+
+def _parse_response(tok, turn: list[int], prefix: list[int], schemas: list[dict]) -> dict[str, Any]:
+    """transformers' `parse_response` (newer versions take the prompt and the tools); a turn it cannot read
+    is plain content, as in TRL."""
+    try:
+        try:
+            parsed = tok.parse_response(turn, prefix=prefix, tools=schemas or None)
+        except TypeError:   # an older transformers: no prefix / tools keywords
+            parsed = tok.parse_response(turn)
+        if not isinstance(parsed, dict):
+            raise ValueError("no message")
+        return parsed
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return {"role": "assistant", "content": tok.decode(turn, skip_special_tokens=True)}
+
+
+def template_is_prefix_preserving(tokenizer, kwargs: dict | None = None) -> bool:
+    """Whether rendering a conversation's turns 1..k is a prefix of rendering turns 1..k+1 (a probe with two
+    tool-calling assistant turns, each with reasoning). A template that drops earlier reasoning is not."""
+    call = [{"type": "function", "function": {"name": "probe", "arguments": {"x": 1}}}]
+    first = [{"role": "user", "content": "q"},
+             {"role": "assistant", "content": "one", "reasoning_content": "thought one", "tool_calls": call},
+             {"role": "tool", "name": "probe", "content": "r1"}]
+    second = first + [{"role": "assistant", "content": "two", "reasoning_content": "thought two",
+                       "tool_calls": call}, {"role": "tool", "name": "probe", "content": "r2"}]
+    kw = dict(kwargs or {})
+    a = tokenizer.apply_chat_template(first, tokenize=False, add_generation_prompt=True, **kw)
+    b = tokenizer.apply_chat_template(second, tokenize=False, add_generation_prompt=True, **kw)
+    return b.startswith(a)
+
+
+def supports_tool_messages(tokenizer, kwargs: dict | None = None) -> bool:
+    """Whether the chat template renders an assistant's tool call and the tool's result at all."""
+    call = [{"type": "function", "function": {"name": "name_7f3a", "arguments": {"arg_7f3a": 1}}}]
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": call},
+                {"role": "tool", "name": "name_7f3a", "content": "result_7f3a"}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **dict(kwargs or {}))
+    except Exception:   # jinja raises TemplateError / UndefinedError / TypeError on unsupported roles
+        return False
+    return all(s in text for s in ("name_7f3a", "arg_7f3a", "result_7f3a"))

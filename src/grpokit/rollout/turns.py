@@ -1,0 +1,117 @@
+"""The multi-turn decode loop: rows stop at a tool call, tools run, their tokens go into the row's cache.
+
+The same loop as the single-turn one (`grpokit.rollout.sampler._decode`), with one change: a row may
+be *fed* tokens instead of sampling them. When a row's model turn ends with a tool call, the driver
+(`grpokit.agents.driver.ToolDriver`, the semantics: which token ends a turn, the parsing, the tools, the
+limits) runs the calls and hands back the result tokens; from the next step on the row takes those
+tokens one per step, through the same decode step as sampled ones, then samples again:
+
+    column   t      t+1    ...   t+k    t+k+1
+    row i    </call> env_0  ...   env_k  sampled       (rows advance independently: another row is
+    row j    sampled sampled ...  sampled sampled       mid-turn while row i reads its tool result)
+
+So every token's keys and values are computed once, in order, into the row's own KV cache (no prefix is
+decoded twice, no re-tokenization), every column of every row is one step of one token, and the cache
+layout, positions and activation record are exactly the single-turn ones. Tools of the rows whose turn
+ended at the same step run concurrently (`grpokit.agents.tools.run_calls`); the batch waits for them.
+
+Determinism: the loop draws one sample per live row every step (a fed row's draw is discarded), and
+which rows are live depends on the tokens only, never on how long a tool took; so a run is
+bit-identical given its seed, tools and environment states.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from grpokit.rollout.sampling import pick_tokens
+from grpokit.rollout.trajectory import Trajectory
+
+
+class TurnDriver(Protocol):
+    """What the decode loop asks between steps (implemented by `grpokit.agents.driver.ToolDriver`)."""
+
+    stop_ids: torch.Tensor   # [S] token ids after which a turn may have ended (EOS, a call's closing tokens)
+    trajectories: list[Trajectory]   # one per row: its turns (completion columns) and tool calls
+    lengths: list[int]               # completion tokens of each row (model and environment), once decoded
+
+    def begin(self, prompts: list[list[int]]) -> None:
+        """The rows' prompt token ids (no padding), before decoding."""
+        ...
+
+    def after_token(self, row0: int, rows: list[int], column: int,
+                    tokens: torch.Tensor) -> tuple[dict[int, list[int]], list[int]]:
+        """Rows (local ids; global = row0 + id) sampled a stop id at `column` of `tokens` [n, T].
+
+        Returns ({row: env token ids to feed next}, rows whose trajectory ended at this column)."""
+        ...
+
+    def finish(self, row0: int, tokens: torch.Tensor) -> None:
+        """Decoding ended with `tokens` [n, steps]: rows still going were cut by the length budget."""
+        ...
+
+
+@torch.no_grad()
+def decode_turns(engine, driver: TurnDriver, row0: int, N: int, max_new_tokens: int, temperature: float,
+                 top_p: float, top_k: int, pad_id: int, greedy: bool,
+                 device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode N rows with tool turns (the engine as `sampler._decode` drives it).
+
+    Returns:
+        (tokens [N, T'], sampling log-probs [N, T'], 0 where fed). Which columns the policy sampled, and
+        where each row ends, the driver's trajectories say; past a row's end the entries are unspecified.
+    """
+    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
+    stop_ids = driver.stop_ids.to(device)
+    feed: dict[int, list[int]] = {}                                       # row -> env tokens still to feed
+    live = torch.arange(N, device=device)                                 # the engine's rows, in order
+    ended = torch.zeros(N, dtype=torch.bool, device=device)
+    logits = engine.first_logits()                                        # [n, V]
+    steps = 0
+    for t in range(max_new_tokens):
+        tok, lp = pick_tokens(logits.float(), temperature, top_k, top_p, greedy,
+                              getattr(engine, "native", None))
+        drew = ~ended[live]                                               # [n] rows that keep this draw
+        for j, r in enumerate(live.tolist()):
+            if r in feed:
+                tok[j], lp[j], drew[j] = feed[r].pop(0), 0.0, False
+                if not feed[r]:
+                    del feed[r]
+        tokens[live, t], logps[live, t] = tok, lp
+        steps = t + 1
+        asks = live[drew & torch.isin(tok, stop_ids)].tolist()            # a turn may have ended here
+        if asks:
+            more, done = driver.after_token(row0, asks, t, tokens)
+            feed.update(more)
+            ended[done] = True
+        if t + 1 == max_new_tokens:
+            break
+        n_done = int(ended[live].sum())
+        if n_done == live.numel():
+            break
+        # as in the single-turn loop: a dead row costs a row per step, dropping rows one cache copy
+        if n_done * 8 >= live.numel():
+            keep = (~ended[live]).nonzero().squeeze(-1)
+            live = live[keep]
+            engine.keep_rows(keep, t)
+            tok = tok[keep]
+        logits = engine.step(tok, t)
+    driver.finish(row0, tokens[:, :steps])
+    return tokens[:, :steps], logps[:, :steps]
+
+
+def turn_masks(trajectories: list[Trajectory], lengths: list[int], T: int,
+               device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(completion_mask [N, T], model_mask [N, T]) long: attention on every token of a row's completion,
+    training on its model turns only."""
+    N = len(trajectories)
+    cols = torch.arange(T, device=device)[None, :]                        # [1, T]
+    attend = (cols < torch.tensor(lengths, device=device)[:, None]).long()  # [N, T]
+    model = torch.zeros(N, T, dtype=torch.long, device=device)
+    for i, traj in enumerate(trajectories):
+        for turn in traj.turns:
+            model[i, turn.start:turn.end] = 1
+    return attend, model
