@@ -1,20 +1,301 @@
-"""Regenerate README.md's config reference from the typed config (tests/cli/test_readme.py checks it)."""
+"""Regenerate the generated parts of the docs from their sources (tests/cli/test_readme.py checks both):
 
+    docs/configuration.md   the config reference, from the typed config
+    docs/agents.md          the agents demonstrations' tables, from benchmarks/results/agents_*
+    docs/demo.md            the demo's seeds and seed 0's output, from benchmarks/results/demo_seeds.jsonl
+    docs/performance.md     grpokit against TRL at equal work, from bench_smollm2_equal_micro_batches.jsonl
+    docs/memory.md          the peak-memory table and its ratios, from benchmarks/results/memory_table.jsonl
+    README.md               the demo's output (seed 0's raw rows), the headline table and the agents
+                            results, each figure computed from the raw rows under benchmarks/results/
+                            that the table names
+
+    python scripts/update_readme.py
+"""
+
+import json
 import re
-import sys
+import statistics
+import textwrap
 from pathlib import Path
 
+from grpokit.cli.membench import compare as memory_ratios
+from grpokit.cli.membench import format_table as memory_format
 from grpokit.config.schema import config_reference
+from grpokit.observe.demo import format_before_after
 
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+HEAD_START, HEAD_END = "<!-- headline:start -->", "<!-- headline:end -->"
+DEMO_START, DEMO_END = "<!-- demo-output:start -->", "<!-- demo-output:end -->"
+AGENTS_START, AGENTS_END = "<!-- agents-results:start -->", "<!-- agents-results:end -->"
+SEEDS_START, SEEDS_END = "<!-- demo-seeds:start -->", "<!-- demo-seeds:end -->"
+BENCH_START, BENCH_END = "<!-- bench-equal:start -->", "<!-- bench-equal:end -->"
+MEMORY_START, MEMORY_END = "<!-- memory-table:start -->", "<!-- memory-table:end -->"
 
 
-def render(readme: str) -> str:
+def render(text: str) -> str:
+    """`text` with its config-reference block regenerated."""
     block = f"{START}\n{config_reference()}\n{END}"
-    return re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, readme, flags=re.S)
+    return re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+
+
+def _rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in (RESULTS / name).read_text().splitlines() if line.strip()]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def demo_row() -> str:
+    rows = sorted(_rows("demo_seeds.jsonl"), key=lambda r: r["seed"])
+    before = {_pct(r["before"]) for r in rows}
+    after = " / ".join(f"{100 * r['after']:.1f}" for r in rows)
+    seeds = " / ".join(str(r["seed"]) for r in rows)
+    gain = statistics.mean(r["after"] - r["before"] for r in rows)
+    what = (f"the demo: `grpokit train` (0.8M-parameter char model, 2-digit sums, {rows[0]['steps']} steps, "
+            f"{rows[0]['problems']} held-out problems)")
+    result = f"{'/'.join(sorted(before))} -> {after}% greedy, seeds {seeds} (mean {100 * gain:+.1f} pt)"
+    return f"| {what} | {result} | [demo](docs/demo.md), `benchmarks/results/demo_seeds.jsonl` |"
+
+
+def race_row() -> str:
+    def end(side: str, seed: int) -> tuple[float, float, int]:
+        ev = _rows(f"arith_{side}_race_1thread_60min_seed{seed}_eval.jsonl")
+        steps = len(_rows(f"arith_{side}_race_1thread_60min_seed{seed}_metrics.jsonl"))
+        return ev[0]["accuracy"], ev[-1]["accuracy"], steps
+    g, t = [end("smollm2", s) for s in (0, 1)], [end("trl", s) for s in (0, 1)]
+    per_step = [gs[2] / ts[2] for gs, ts in zip(g, t)]
+    return (f"| SmolLM2-135M-Instruct, arithmetic, the same hour as TRL 1.16 (one core each, seeds 0 / 1) | "
+            f"grpokit {_pct(g[0][0])} -> {_pct(g[0][1])} / {_pct(g[1][1])}; TRL {_pct(t[0][1])} / "
+            f"{_pct(t[1][1])}; {min(per_step):.1f}-{max(per_step):.1f}x the steps | "
+            "[real model](docs/real_model.md), `benchmarks/results/arith_*_race_1thread_60min_seed*` |")
+
+
+def bench_row() -> str:
+    rows = _rows("bench_smollm2_equal_micro_batches.jsonl")
+    out = []
+    for mb in sorted({r["micro_batch_size"] for r in rows if "compare" in r}, reverse=True):
+        c = next(r for r in rows if "compare" in r and r["micro_batch_size"] == mb)["compare"]
+        setting = f"micro-batches of {mb}" if mb else "whole batches"
+        speed, memory = c["ratio_trl_over_grpokit_s_per_step"], c["rss_grpokit_mib"] / c["rss_trl_mib"]
+        out.append(f"{setting}: {speed:.2f}x faster, peak RSS {memory:.2f} of TRL's")
+    return ("| one step against TRL 1.16 at equal work (SmolLM2 bf16, 4 x 8 x 64 tokens, the same "
+            f"micro-batches on both sides, one thread) | {'; '.join(out)} | "
+            "[performance](docs/performance.md), "
+            "`benchmarks/results/bench_smollm2_equal_micro_batches.jsonl` |")
+
+
+def _json(name: str):
+    return json.loads((RESULTS / name).read_text())
+
+
+def rm_row() -> str:
+    start = statistics.mean(r["before"] for r in _rows("demo_seeds.jsonl"))
+    frozen = [r["eval/accuracy"] for r in _json("rm/rm_supervision_results.json")
+              if r["variant"] == "outcome_rm"]
+    cont = [r["eval/accuracy"] for r in _json("rm/rm_iterative_results.json")
+            if r["variant"] == "continual"]
+    return ("| learned reward models and Algorithm 1 (demo, 400 steps, beta 0.04) | frozen outcome RM: "
+            f"{100 * (statistics.mean(frozen) - start):+.1f} pt ({len(frozen)} seeds, exploited); with "
+            f"continual training and 10% replay: {100 * (statistics.mean(cont) - start):+.1f} pt "
+            f"({len(cont)} seeds) | "
+            "[reward models](docs/reward_models.md), `benchmarks/results/rm/` |")
+
+
+def ppo_row() -> str:
+    rows = _json("experiments/grpo_vs_ppo.json")["rows"]
+    side = {a: [r for r in rows if r["loss.algorithm"] == a] for a in ("grpo", "ppo")}
+    acc = {a: statistics.mean(r["eval/accuracy"] for r in rs) for a, rs in side.items()}
+    wall = {a: statistics.mean(r["wall_s"] for r in rs) for a, rs in side.items()}
+    steps = rows[0]["steps"]
+    return ("| the chapter's claims (k = 8, graduation, std scaling, all-wrong groups, GRPO vs PPO) | "
+            f"4 hold, the length drift does not here; at {steps} steps GRPO {_pct(acc['grpo'])}, "
+            f"PPO {_pct(acc['ppo'])} "
+            f"(3 seeds), GRPO {wall['ppo'] / wall['grpo']:.1f}x faster | "
+            "[experiments](docs/experiments.md), `benchmarks/results/experiments/` |")
+
+
+def _agent_runs(name: str) -> list[tuple[dict, dict]]:
+    return [(r["before"], r["after"]) for r in _agent_records(name)]
+
+
+def _agent_records(name: str) -> list[dict]:
+    """Each seed's run of one agents demonstration: its evaluations by tag, training seconds, wall row."""
+    out = []
+    for f in sorted(RESULTS.glob(f"{name}_seed*_eval.jsonl")):
+        tag = f.name[:-len("_eval.jsonl")]
+        evals = {r["tag"]: r for r in _rows(f.name)}
+        train_s = sum(r.get("time/step", 0.0) for r in _rows(f"{tag}_metrics.jsonl"))
+        out.append({**evals, "seed": int(tag.rsplit("seed", 1)[1]), "train_s": train_s,
+                    "wall": json.loads((RESULTS / f"{tag}_wall.json").read_text())})
+    return out
+
+
+def agents_table(name: str, key: str, label: str) -> str:
+    """One row per run of an agents demonstration (with the tool and, where run, without)."""
+    lines = [f"| run | seed | {label} before | {label} after | change | turns | tool calls per problem | "
+             "steps | training s | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for kind, suffix in (("with the tool", ""), ("without", "_notool")):
+        for r in _agent_records(f"agents_{name}{suffix}"):
+            b, a = r["before"], r["after"]
+            lines.append(f"| {kind} | {r['seed']} | {_pct(b[key])} | {_pct(a[key])} | "
+                         f"{100 * (a[key] - b[key]):+.1f} pt | {b.get('turns_mean', 1):.2f} -> "
+                         f"{a.get('turns_mean', 1):.2f} | {b.get('tool_calls_mean', 0):.2f} -> "
+                         f"{a.get('tool_calls_mean', 0):.2f} | {a['step']} | {r['train_s']:.0f} | "
+                         f"{r['wall']['wall_seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def agents_results() -> str:
+    """docs/agents.md's measured tables."""
+    n_calc = int(_agent_runs("agents_calculator")[0][0]["num_problems"])
+    n_guess = int(_agent_runs("agents_guess_number")[0][0]["num_problems"])
+    return (f"Calculator, 3-digit products (held-out greedy accuracy, {n_calc} problems):\n\n"
+            f"{agents_table('calculator', 'accuracy', 'accuracy')}\n\n"
+            f"Guess the number (success rate over {n_guess} held-out episodes, greedy):\n\n"
+            f"{agents_table('guess_number', 'rewards/GuessNumber', 'success')}")
+
+
+def agents_rows() -> list[str]:
+    calc, bare = _agent_runs("agents_calculator"), _agent_runs("agents_calculator_notool")
+    guess = _agent_runs("agents_guess_number")
+    key = "rewards/GuessNumber"
+    calc_txt = " / ".join(f"{100 * a['accuracy']:.1f}" for _, a in calc)
+    bare_txt = " / ".join(f"{100 * a['accuracy']:.1f}" for _, a in bare)
+    guess_txt = " / ".join(f"{100 * a[key]:.1f}" for _, a in guess)
+    turns = " / ".join(f"{a['turns_mean']:.2f}" for _, a in guess)
+    return [
+        "| agents: the calculator tool, 3-digit products (demo-size model, tool-call warm start, 10 min of "
+        f"GRPO on one core) | {_pct(calc[0][0]['accuracy'])} -> {calc_txt}% with the tool "
+        f"({len(calc)} seeds); "
+        f"without it {_pct(bare[0][0]['accuracy'])} -> {bare_txt}% | [agents](docs/agents.md), "
+        "`benchmarks/results/agents_calculator_*` |",
+        "| agents: guess the number, higher / lower feedback (multi-turn, the same budget) | success "
+        f"{_pct(guess[0][0][key])} -> {guess_txt}% ({len(guess)} seeds), turns "
+        f"{guess[0][0]['turns_mean']:.2f} "
+        f"-> {turns} | [agents](docs/agents.md), `benchmarks/results/agents_guess_number_*` |"]
+
+
+STATIC_ROWS = [
+    "| TRL conformance: the behaviours TRL's own GRPOTrainer tests check, on grpokit.trl and on TRL | 93 of "
+    "93 pass on grpokit.trl (TRL: 92, 1 skipped) | [coming from TRL](docs/coming_from_trl.md), "
+    "`tests/trl/conformance/` |",
+    "| faults: a replaced, interrupted or doubled run | nothing lost: each fault, what happens, its test | "
+    "[reliability](docs/reliability.md) |",
+]
+
+
+def headline() -> str:
+    """The README's headline table, its measured rows computed from the raw files."""
+    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), rm_row(), ppo_row(), *STATIC_ROWS]
+    return "\n".join(["| what | result | page, raw rows |", "|---|---|---|", *rows])
+
+
+def demo_output() -> str:
+    """What `grpokit train` prints at the end, from seed 0's raw rows."""
+    seed0 = min(_rows("demo_seeds.jsonl"), key=lambda r: r["seed"])
+    b = seed0["eval_before"]
+    threads = f"{seed0['threads']} thread{'' if str(seed0['threads']) == '1' else 's'}"
+    intro = textwrap.fill(
+        "`grpokit train` starts from the shipped 0.8 M-parameter char-level model "
+        f"({_pct(b['accuracy'])} greedy accuracy on {int(b['num_problems'])} held-out 2-digit additions), "
+        "runs "
+        f"{seed0['steps']} GRPO steps with the paper's objective and prints (seed {seed0['seed']}, "
+        f"{seed0['wall_s']:.0f} s on {seed0['machine']}, {threads}, commit {seed0['commit']}; another thread "
+        "count or kernel changes the float rounding and moves a 400-step run by several points, so read the "
+        "seeds' spread below):", width=105)
+    return (f"{intro}\n\n```\n{format_before_after(b, seed0['eval_after'])}\n"
+            "plot: runs/demo/demo_plot.png\n```\n\n"
+            "Details, the plot and the SmolLM2-135M run: [docs/demo.md](docs/demo.md).\n\n"
+            "![demo plot](docs/demo_plot.png)")
+
+
+def _block(text: str, start: str, end: str, body: str) -> str:
+    return re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{body}\n{end}", text,
+                  flags=re.S)
+
+
+def render_readme(text: str) -> str:
+    text = _block(text, DEMO_START, DEMO_END, demo_output())
+    return _block(text, HEAD_START, HEAD_END, headline())
+
+
+def render_agents(text: str) -> str:
+    return _block(text, AGENTS_START, AGENTS_END, agents_results())
+
+
+def demo_seeds() -> str:
+    """docs/demo.md's table of seeds, seed 0's printed output and how they were run."""
+    rows = sorted(_rows("demo_seeds.jsonl"), key=lambda r: r["seed"])
+    lines = ["| seed | held-out problems | before | after | change | steps | wall s | threads | machine | "
+             "commit | date |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['seed']} | {r['problems']} | {_pct(r['before'])} | {_pct(r['after'])} | "
+              f"{100 * (r['after'] - r['before']):+.1f} pt | {r['steps']} | {r['wall_s']:.0f} | "
+              f"{r['threads']} | {r['machine']} | {r['commit']} | {r['date']} |" for r in rows]
+    gain = statistics.mean(r["after"] - r["before"] for r in rows)
+    return ("\n".join(lines) + f"\n\nMean change {100 * gain:+.1f} points. Seed {rows[0]['seed']} "
+            "prints:\n\n"
+            f"```\n{format_before_after(rows[0]['eval_before'], rows[0]['eval_after'])}\n```")
+
+
+def bench_table() -> str:
+    """docs/performance.md's equal-work table: each round's s/step and peak RSS per side, and the ratios."""
+    rows = _rows("bench_smollm2_equal_micro_batches.jsonl")
+    lines = ["| micro-batches (both sides) | round | grpokit s/step | TRL s/step | TRL / grpokit | "
+             "grpokit peak RSS MiB | TRL peak RSS MiB | machine | commit | date |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for mb in sorted({r["micro_batch_size"] for r in rows if "compare" in r}, reverse=True):
+        sides = [r for r in rows if "side" in r and r.get("micro_batch_size") == mb]
+        for k in sorted({r["round"] for r in sides}):
+            g = next(r for r in sides if r["round"] == k and r["side"] == "grpokit")
+            t = next(r for r in sides if r["round"] == k and r["side"] == "trl")
+            lines.append(f"| {mb or 'whole batch'} | {k} | {g['s_per_step']:.2f} | {t['s_per_step']:.2f} | "
+                         f"{t['s_per_step'] / g['s_per_step']:.2f} | "
+                         f"{g['peak_rss_mib']:.0f} | {t['peak_rss_mib']:.0f} | {g['machine']} | "
+                         f"{g['commit']} | {g['date']} |")
+    summary = []
+    for mb in sorted({r["micro_batch_size"] for r in rows if "compare" in r}, reverse=True):
+        c = next(r for r in rows if "compare" in r and r["micro_batch_size"] == mb)["compare"]
+        summary.append(f"{'micro-batches of ' + str(mb) if mb else 'whole batches'}: TRL / grpokit s/step "
+                       f"{c['ratio_trl_over_grpokit_s_per_step']:.2f} (median of rounds), peak RSS grpokit / "
+                       f"TRL {c['rss_grpokit_mib'] / c['rss_trl_mib']:.2f}")
+    return "\n".join(lines) + "\n\n" + "; ".join(summary) + "."
+
+
+def memory_table() -> str:
+    """docs/memory.md's table (one row per side, MiB) and the ratios the page quotes."""
+    rows = _rows("memory_table.jsonl")
+    sides = {r["side"]: r for r in rows}
+    r = memory_ratios(sides)
+    first = rows[0]
+    return (f"{memory_format(sides)}\n\nRatios: grpokit GRPO's peak is {r['grpo_over_trl']:.2f} of TRL's "
+            f"whole-batch peak and {r['grpo_over_trl_micro']:.2f} of TRL's micro-batched peak (equal work); "
+            f"GRPO saves {100 * r['grpo_saving_vs_ppo']:.1f}% of PPO's peak "
+            f"({100 * r['grpo_saving_vs_ppo_over_baseline']:.1f}% above the process baseline). Measured "
+            f"{first['date']} on {first['machine']}, commit {first['commit']}: `{first['command']}`.")
+
+
+def render_memory(text: str) -> str:
+    return _block(text, MEMORY_START, MEMORY_END, memory_table()) if MEMORY_START in text else text
+
+
+def render_performance(text: str) -> str:
+    return _block(text, BENCH_START, BENCH_END, bench_table())
+
+
+def render_demo_page(text: str) -> str:
+    return _block(text, SEEDS_START, SEEDS_END, demo_seeds())
 
 
 if __name__ == "__main__":
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "README.md")
-    path.write_text(render(path.read_text(encoding="utf-8")), encoding="utf-8")
-    print(f"updated {path}")
+    page = ROOT / "docs" / "configuration.md"
+    page.write_text(render(page.read_text(encoding="utf-8")), encoding="utf-8")
+    for name, fn in (("agents.md", render_agents), ("demo.md", render_demo_page),
+                     ("performance.md", render_performance), ("memory.md", render_memory)):
+        doc = ROOT / "docs" / name
+        doc.write_text(fn(doc.read_text(encoding="utf-8")), encoding="utf-8")
+    readme = ROOT / "README.md"
+    readme.write_text(render_readme(readme.read_text(encoding="utf-8")), encoding="utf-8")
+    print(f"updated {page} and {readme}")

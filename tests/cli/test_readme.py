@@ -8,11 +8,54 @@ ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def test_config_reference_is_in_sync_with_the_config():
+def _generator():
     spec = importlib.util.spec_from_file_location("update_readme", ROOT / "scripts" / "update_readme.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.render(README) == README, "run: python scripts/update_readme.py"
+    return mod
+
+
+def test_the_headline_table_and_the_demo_output_are_computed_from_their_raw_rows():
+    mod = _generator()
+    assert mod.HEAD_START in README and mod.DEMO_START in README, "the README has lost its markers"
+    assert mod.render_readme(README) == README, "run: python scripts/update_readme.py"
+
+
+def test_one_edited_figure_fails_the_check():
+    mod = _generator()
+    table = README.split(mod.HEAD_START, 1)[1].split(mod.HEAD_END, 1)[0]
+    figure = re.search(r"\d+\.\d%", table).group(0)                  # the first measured figure
+    edited = README.replace(figure, "9" + figure, 1)
+    assert edited != README and mod.render_readme(edited) != edited
+
+
+def test_the_agents_tables_come_from_their_raw_rows():
+    mod = _generator()
+    page = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
+    assert mod.AGENTS_START in page, "docs/agents.md has lost its results markers"
+    assert mod.render_agents(page) == page, "run: python scripts/update_readme.py"
+    block = page.split(mod.AGENTS_START, 1)[1].split(mod.AGENTS_END, 1)[0]
+    figure = re.search(r"\d+\.\d%", block).group(0)
+    assert mod.render_agents(page.replace(figure, "9" + figure, 1)) == page   # an edited figure is put back
+
+
+def test_the_demo_and_performance_tables_come_from_their_raw_rows():
+    mod = _generator()
+    for name, start, render in (("demo.md", mod.SEEDS_START, mod.render_demo_page),
+                                ("performance.md", mod.BENCH_START, mod.render_performance)):
+        page = (ROOT / "docs" / name).read_text(encoding="utf-8")
+        assert start in page, f"docs/{name} has lost its markers"
+        assert render(page) == page, "run: python scripts/update_readme.py"
+
+
+def test_config_reference_is_in_sync_with_the_config():
+    mod = _generator()
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert mod.START in page and mod.render(page) == page, "run: python scripts/update_readme.py"
+
+
+def test_the_readme_is_a_front_page():
+    assert len(README.splitlines()) <= 250, "the README is the front page: move detail to docs/"
 
 
 def test_ci_runs_the_readme_test_command():
@@ -70,3 +113,14 @@ def test_code_map_names_every_subpackage():
     for name in subpackages:
         assert f"[`{name}/`](src/grpokit/{name})" in README, f"the README's code map does not name {name}/"
 
+
+
+def test_bench_record_keeps_the_rows_with_how_they_were_measured():
+    spec = importlib.util.spec_from_file_location("bench_record", ROOT / "scripts" / "bench_record.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lines = ['{"side": "grpokit", "s_per_step": 2.0, "micro_batch_size": 8, "round": 1}', "not json",
+             '{"ratio_trl_over_grpokit_s_per_step": 2.5, "micro_batch_grpokit": 8}']
+    rows = mod.records(lines, {"command": "grpokit bench ...", "commit": "abc", "date": "2026-12-04"})
+    assert len(rows) == 2 and rows[0]["side"] == "grpokit" and rows[0]["commit"] == "abc"
+    assert rows[1]["compare"]["ratio_trl_over_grpokit_s_per_step"] == 2.5 and rows[1]["micro_batch_size"] == 8

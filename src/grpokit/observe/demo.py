@@ -4,6 +4,7 @@ The demo run writes eval.jsonl (one row per held-out evaluation, tagged 'before'
 and metrics.jsonl (one row per GRPO step). From them:
 
     before_after_table(run_dir)  ->  a plain-text table, held-out figures before vs after GRPO
+    format_before_after(b, a)    ->  the same table from two eval rows
     demo_plot(run_dir, path)     ->  one PNG: reward, accuracy (train + held-out), KL, completion length
 """
 
@@ -32,7 +33,11 @@ def before_after_table(run_dir: str | Path) -> str:
     if "before" not in rows or "after" not in rows:
         raise FileNotFoundError(f"{path} lacks the 'before'/'after' evaluations: "
                                 "run with run.eval_limit != 0")
-    before, after = rows["before"], rows["after"]
+    return format_before_after(rows["before"], rows["after"])
+
+
+def format_before_after(before: dict, after: dict) -> str:
+    """Two eval.jsonl rows as the demo's table (the README's: from raw rows, scripts/update_readme.py)."""
     n = int(before.get("num_problems", 0))
     lines = [f"held-out problems: {n} (never trained on); greedy decoding",
              f"{'':34}{'before':>10}{'after':>10}{'change':>10}",

@@ -74,9 +74,10 @@ class GRPOTrainer:
         callbacks: transformers.TrainerCallback objects (see `grpokit.train.callbacks`).
         optimizers: must be (None, None): grpokit builds its AdamW from the config.
         peft_config: a peft config (LoraConfig, ...) to wrap a plain model with.
-        tools, environment_factory, rollout_func: TRL's agent arguments (`grpokit.trl.agents`): functions the
-            model may call; one environment per rollout (its methods are tools, get_reward() a reward);
-            a generation function of your own.
+        tools: functions the model may call (TRL's agent argument; `grpokit.trl.agents`).
+        rollout_func: a generation function of your own, `rollout_func(prompts, trainer)`.
+        environment_factory: one environment per rollout (its public methods are tools, its
+            get_reward() a reward column), or a dict of them routed by an `environment` column.
 
     Raises:
         ConfigError: a refused TRL field, inconsistent batch sizes, a bad dataset or reward function.
