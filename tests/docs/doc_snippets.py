@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE_NAME = "tests/docs/doc_snippets.py"
 LANGS = ("bash", "sh", "python")
 FENCE = re.compile(r"^(\s*)```([\w+-]*)\s*$")
 
@@ -54,8 +55,8 @@ SUBSTITUTIONS: list[tuple[str, str, str, str]] = [
      "scripts/rm_experiments.py's outcome RM (an hour): the RM the page's `rm train` wrote stands in"),
 ]
 
-_CHAT_ROWS = ("rows = [{'prompt': [{'role': 'user', 'content': f'What is {a}*{b}?'}], 'solution': str(a * b)}\n"
-              "        for a, b in [(12, 34), (56, 78), (11, 22), (90, 13)]]\n"
+_CHAT_ROWS = ("rows = [{'prompt': [{'role': 'user', 'content': f'What is {a}*{b}?'}],\n"
+              "         'solution': str(a * b)} for a, b in [(12, 34), (56, 78), (11, 22), (90, 13)]]\n"
               "dataset = __import__('datasets').Dataset.from_list(rows)\n")
 _RM_INPUTS = ("prompts = ['What is 1+2?', 'What is 1+2?', 'What is 3+4?', 'What is 3+4?']\n"
               "completions = ['1+2=3. \\\\boxed{3}', '1+2=4. \\\\boxed{4}', '3+4=7. \\\\boxed{7}', '3+4=8. "
@@ -95,13 +96,14 @@ CONTEXT: list[Context] = [
             "and train_grpo"),
     Context("docs/reward_models.md", "init_reward_model(",
             _RM_INPUTS + "from grpokit.rewards.rm_data import label_samples as _label\n"
-            "held_out = _label(prompts, completions, answers, groups, kind='outcome', step_separator='\\n')\n",
+            "held_out = _label(prompts, completions, answers, groups, kind='outcome',\n"
+            "                  step_separator='\\n')\n",
             "the page's prompts / completions / answers / groups, a torch generator and held-out samples"),
 ]
 
 # Flags appended to each runnable command (argparse and grpokit's overrides both keep the last value)
-TRAIN_SIZE = ["run.max_steps=1", "run.eval_limit=2", "rollout.num_generations=2", "rollout.prompts_per_step=4",
-              "rollout.max_completion_length=8", "run.eval_steps=0"]
+TRAIN_SIZE = ["run.max_steps=1", "run.eval_limit=2", "rollout.num_generations=2",
+              "rollout.prompts_per_step=4", "rollout.max_completion_length=8", "run.eval_steps=0"]
 # (regex on the command, flags appended after SIZE's, reason): where a command's own settings need more room
 SIZE_EXTRA: list[tuple[str, list[str], str]] = [
     (r"preset=dapo", ["rollout.max_completion_length=72"],
@@ -118,11 +120,12 @@ AFTER: list[tuple[str, str, str, str]] = [
 ]
 SIZE: dict[str, tuple[list[str], str]] = {
     "train": (TRAIN_SIZE + ["run.overwrite=true"],
-              "one step of 4x2 completions of 8 tokens (8: the micro-batch of the SmolLM2 recipes divides it), 2 held-out problems; the page's runs share one "
-              "folder, so a later run in runs/demo replaces the earlier (as --overwrite)"),
+              "one step of 4x2 completions of 8 tokens (8: the SmolLM2 recipes' micro-batch divides it), "
+              "2 held-out problems; the page's runs share one folder, so a later run in runs/demo "
+              "replaces the earlier (as --overwrite)"),
     "eval": (["--limit", "2"], "two held-out problems"),
-    "sft": (["--steps", "2", "--stop-at", "2", "--warmup-steps", "1", "--batch-size", "4", "--eval-limit", "2"],
-            "two SFT steps of four examples"),
+    "sft": (["--steps", "2", "--stop-at", "2", "--warmup-steps", "1", "--batch-size", "4",
+             "--eval-limit", "2"], "two SFT steps of four examples"),
     "plot": ([], "reads a finished run: seconds"),
     "report": ([], "reads a finished run: seconds"),
     "rm collect": (["--num-prompts", "2", "--num-generations", "2"], "two problems, two samples each"),
@@ -141,6 +144,7 @@ PARSE_ONLY = {
 
 # (regex on the command, reason): commands that do not run here. Checked before SIZE.
 SKIPS: list[tuple[str, str]] = [
+    (r"&$", "two processes at once"),
     (r"^(pip|python -m pip)\b", "installs packages from the network"),
     (r"^(python -m venv|\.|source)\s", "creates or activates a virtual environment"),
     (r"^(huggingface-cli|hf)\s+download\b", "downloads a model from the Hub (network)"),
@@ -152,9 +156,9 @@ SKIPS: list[tuple[str, str]] = [
     (r"^python scripts/experiments\.py\b", "a whole experiment (hours of sweeps) or its figures redrawn "
                                             "into docs/: `grpokit sweep --dry-run` below runs"),
     (r"^grpokit sweep (?!.*--dry-run)", "runs a grid of full training runs (hours); --dry-run runs"),
-    (r"&$", "two processes at once"),
 ]
-SMOLLM2_REASON = "SmolLM2-135M steps take seconds each on one core: model.name_or_path=path/to/hf-model appended"
+SMOLLM2_REASON = (f"SmolLM2-135M steps take seconds each on one core: model.name_or_path={STANDIN_MODEL} "
+                  "appended")
 
 
 @dataclass(frozen=True)
@@ -224,11 +228,13 @@ def command_lines(text: str, first_line: int) -> list[tuple[int, str]]:
             pending += raw.rstrip()[:-1] + " "
             continue
         line, pending = pending + raw, ""
+        tokens = shlex.split(line, comments=True)
+        at_once = " &" if "&" in tokens else ""   # `a & b`: both run at the same time
         chunk: list[str] = []
-        for token in shlex.split(line, comments=True) + ["&&"]:
+        for token in tokens + ["&&"]:
             if token in ("&&", ";", "&"):
                 if chunk:
-                    out.append((start, shlex.join(chunk) + (" &" if token == "&" else "")))
+                    out.append((start, shlex.join(chunk) + at_once))
                 chunk = []
             else:
                 chunk.append(token)
@@ -255,13 +261,13 @@ def plan_command(page: str, line: int, command: str) -> Step:
         name = argv[1]
         step.kind, step.argv = "script", argv[1:]
     else:
-        step.reason = "no rule for this command: add it to SIZE (runnable) or SKIPS in tests/docs/doc_snippets.py"
+        step.reason = f"no rule for this command: add it to SIZE (runnable) or SKIPS in {HERE_NAME}"
         return step
     if name in PARSE_ONLY:
         step.kind, step.reason = "parse", PARSE_ONLY[name]
         return step
     if name not in SIZE:
-        step.kind, step.reason = "unknown", f"no size rule for '{name}': add it to SIZE in tests/docs/doc_snippets.py"
+        step.kind, step.reason = "unknown", f"no size rule for '{name}': add it to SIZE in {HERE_NAME}"
         return step
     flags, step.reason = SIZE[name]
     flags = [f for f in flags if not _smaller_already(step.argv, f)]

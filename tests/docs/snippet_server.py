@@ -14,8 +14,11 @@ and stderr go to the request's "log" file.
 
 from __future__ import annotations
 
+import importlib
+import io
 import json
 import os
+import pkgutil
 import runpy
 import signal
 import sys
@@ -25,26 +28,22 @@ import traceback
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no tokenizer thread pool to fork across
 
 import datasets  # noqa: E402,F401  (imported once here, for every child)
+import matplotlib  # noqa: E402
 import torch  # noqa: E402,F401
 import transformers  # noqa: E402,F401
-import trl  # noqa: E402,F401
 
 import grpokit  # noqa: E402
+import trl  # noqa: E402,F401
+from grpokit.cli import bench  # noqa: E402
 from grpokit.cli import main as grpokit_main  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 
 def warm_up() -> None:
     """Import what the commands import lazily (every grpokit module, the model classes transformers loads
-    on first use, matplotlib with its fonts): ~6 s a command otherwise."""
-    import importlib
-    import io
-    import pkgutil
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    on first use) and draw one figure (matplotlib's fonts): ~6 s a command otherwise."""
     for mod in pkgutil.walk_packages(grpokit.__path__, "grpokit."):
         if "vllm" not in mod.name and not mod.name.endswith("__main__"):
             importlib.import_module(mod.name)
@@ -64,8 +63,6 @@ def _run(request: dict) -> int:
         sys.argv = ["grpokit", *request["argv"]]
         return grpokit_main.main(request["argv"])
     if kind == "parse":   # `grpokit bench ...`: its arguments parsed and its training state built
-        from grpokit.cli import bench
-
         bench.bench_state(bench.parse_args(request["argv"][1:]))
         return 0
     if kind == "script":

@@ -37,8 +37,9 @@ class SnippetServer:
     """The client of snippet_server.py: one request at a time, the child's output in a log file."""
 
     def __init__(self, logs: Path):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ds.ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg"}
+        path = os.pathsep.join([str(ds.ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg"}
         self.logs, self.count = logs, 0
         self.proc = subprocess.Popen([sys.executable, str(HERE / "snippet_server.py")], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=logs)
@@ -80,7 +81,8 @@ def _seed(folder: Path, server: SnippetServer) -> Path:
     rows = [(a, b) for a in (12, 34, 56, 7) for b in (3, 21)]
     _jsonl(folder / "train.jsonl", [{"prompt": f"What is {a}+{b}?", "answer": str(a + b)} for a, b in rows])
     _jsonl(folder / "data.jsonl", [{"question": f"What is {a}+{b}?", "final": str(a + b)} for a, b in rows])
-    chat = [{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "solution": str(a + b)} for a, b in rows]
+    chat = [{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "solution": str(a + b)}
+            for a, b in rows]
     _jsonl(folder / "deepmath.jsonl", chat)
     __import__("datasets").Dataset.from_list(chat).save_to_disk(str(folder / "deepmath"))
     gsm = [{"question": f"Tom has {a} apples and buys {b}. How many now?",
@@ -111,12 +113,12 @@ LINKS = {"configs": ds.ROOT / "configs", "benchmarks": ds.ROOT / "benchmarks", "
 
 
 class Pages:
-    """Each page's work folder and which of its steps have run (a step runs once; later ones read its files)."""
+    """Each page's work folder and which of its steps have run (each runs once; later ones read its files)."""
 
-    def __init__(self, root: Path, seed: Path, server: SnippetServer):
+    def __init__(self, root: Path, seed: Path, server: SnippetServer, blocks: list[ds.Block]):
         self.root, self.seed, self.server = root, seed, server
         self.steps: dict[str, list[ds.Step]] = {}
-        for block in ds.doc_blocks():
+        for block in blocks:
             if block.lang in ds.LANGS:
                 self.steps.setdefault(block.page, []).extend(ds.plan_block(block))
         self.steps = {page: ds.page_order(steps) for page, steps in self.steps.items()}
@@ -150,13 +152,17 @@ class Pages:
                                    env=step.env)
         if step.kind == "script" and "--out" in step.argv:   # the script wants a new folder
             shutil.rmtree(work / step.argv[step.argv.index("--out") + 1], ignore_errors=True)
-        return self.server.run(work, kind=step.kind, argv=step.argv, env=step.env)   # grpokit | script | parse
+        return self.server.run(work, kind=step.kind, argv=step.argv, env=step.env)   # grpokit, script, parse
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory, server):
-    return Pages(tmp_path_factory.mktemp("snippet-pages"), _seed(tmp_path_factory.mktemp("snippet-seed"), server),
-                 server)
+def seed(tmp_path_factory, server):
+    return _seed(tmp_path_factory.mktemp("snippet-seed"), server)
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory, server, seed):
+    return Pages(tmp_path_factory.mktemp("snippet-pages"), seed, server, ds.doc_blocks())
 
 
 STEPS = [s for b in ds.doc_blocks() if b.lang in ds.LANGS for s in ds.plan_block(b)]
@@ -168,5 +174,64 @@ def test_snippet_runs(step, pages):
         pytest.skip(f"{step.command!r}: {step.reason}")
     assert step.kind != "unknown", f"{step.id}: {step.command!r}: {step.reason}"
     rc, out = pages.run(next(s for s in pages.steps[step.page] if s.id == step.id))
-    assert rc == 0, (f"{step.id} failed (exit {rc}): {step.command if step.kind != 'python' else 'python block'}"
-                     f"\n  run as: {step.argv or ''} ({step.reason})\n{out[-4000:]}")
+    what = step.command if step.kind != "python" else "python block"
+    assert rc == 0, f"{step.id} failed (exit {rc}): {what}\n  ran {step.argv} ({step.reason})\n{out[-4000:]}"
+
+
+ROTTEN = """# A page with rotten snippets
+```bash
+grpokit train run.max_stepz=1     # a config key that does not exist
+grpokit eval --limit 2 --no-such-flag
+grpokit train run.max_steps=1
+```
+
+```python
+from grpokit.rewards.scoring import score_responses, get_reward_fn   # a name that does not exist
+```
+
+```bash
+grpokit frobnicate --now
+```
+"""
+
+
+def test_a_rotten_snippet_fails(tmp_path, server, seed):
+    """The check can fail: an unknown config key, an unknown flag, a missing function, an unknown command."""
+    blocks = ds.find_blocks(ROTTEN, "rotten.md")
+    assert [(b.line, b.lang) for b in blocks] == [(3, "bash"), (9, "python"), (13, "bash")]
+    rotten = Pages(tmp_path, seed, server, blocks)
+    steps = rotten.steps["rotten.md"]
+    assert [s.id for s in steps] == [f"rotten.md:{n}" for n in (3, 4, 5, 9, 13)]
+    assert steps[2].argv[-len(ds.SIZE["train"][0]):] == ds.SIZE["train"][0]    # the size flags come last
+    rc, out = rotten.run(steps[0])
+    assert rc == 2 and "unknown config key 'run.max_stepz'" in out and "max_steps" in out, out[-2000:]
+    rc, out = rotten.run(steps[1])
+    assert rc == 2 and "--no-such-flag" in out, out[-2000:]
+    rc, out = rotten.run(steps[3])
+    assert rc == 1 and "ImportError" in out and 'File "rotten.md", line 9' in out, out[-2000:]
+    assert steps[4].kind == "unknown" and "rule for" in steps[4].reason   # fails in test_snippet_runs
+    with pytest.raises(AssertionError, match="rotten.md:3 failed"):
+        test_snippet_runs(steps[0], rotten)
+
+
+def test_commands_are_split_and_planned():
+    text = ("pip install torch && grpokit train \\\n    loss.beta=0.0   # the comment goes\n"
+            "OMP_NUM_THREADS=1 taskset -c 1 grpokit eval --model runs/demo/final\n"
+            "grpokit sweep k.yaml & grpokit sweep k.yaml\n")
+    pinned = "OMP_NUM_THREADS=1 taskset -c 1 grpokit eval --model runs/demo/final"
+    assert ds.command_lines(text, 10) == [(10, "pip install torch"), (10, "grpokit train loss.beta=0.0"),
+                                          (12, pinned), (13, "grpokit sweep k.yaml &"),
+                                          (13, "grpokit sweep k.yaml &")]
+    pip, train, ev, bg, _ = [ds.plan_command("p.md", line, c) for line, c in ds.command_lines(text, 10)]
+    assert pip.kind == "skip" and "network" in pip.reason
+    assert train.argv[:2] == ["train", "loss.beta=0.0"] and "run.max_steps=1" in train.argv
+    assert ev.env == {"OMP_NUM_THREADS": "1"} and ev.argv[:3] == ["eval", "--model", "runs/demo/final"]
+    assert bg.kind == "skip" and "two processes" in bg.reason
+    kept = ds.plan_command("p.md", 1, "grpokit train run.eval_limit=0")   # a size flag never enlarges a run
+    assert "run.eval_limit=2" not in kept.argv and "run.max_steps=1" in kept.argv
+
+
+def test_no_unlabeled_block_holds_commands():
+    """A block of commands without ```bash would escape this test: each one must say its language."""
+    unlabeled = [f"{b.page}:{b.line}" for b in ds.doc_blocks() if b.lang == "" and ds.looks_like_commands(b)]
+    assert not unlabeled, f"label these blocks ```bash (or ```python) so they run here: {unlabeled}"
