@@ -145,7 +145,7 @@ PARSE_ONLY = {
 # (regex on the command, reason): commands that do not run here. Checked before SIZE.
 SKIPS: list[tuple[str, str]] = [
     (r"&$", "two processes at once"),
-    (r"^(pip|python -m pip)\b", "installs packages from the network"),
+    (r"^(pip|python -m pip)\b", "installs or removes packages (the network, this environment)"),
     (r"^(python -m venv|\.|source)\s", "creates or activates a virtual environment"),
     (r"^(huggingface-cli|hf)\s+download\b", "downloads a model from the Hub (network)"),
     (r"^ruff\b", "lints the repository: the README test command runs it (.ci/run)"),

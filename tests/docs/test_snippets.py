@@ -52,7 +52,9 @@ class SnippetServer:
         self.proc.stdin.write(json.dumps({**request, "cwd": str(cwd), "log": str(log),
                                           "timeout": TIMEOUT_S}) + "\n")
         self.proc.stdin.flush()
-        rc = json.loads(self.proc.stdout.readline())["rc"]
+        reply = self.proc.stdout.readline()
+        assert reply, f"the snippet server died (exit {self.proc.poll()}) running {request}"
+        rc = json.loads(reply)["rc"]
         return rc, log.read_text(errors="replace")
 
     def close(self) -> None:
