@@ -33,6 +33,24 @@ FENCE = re.compile(r"^(\s*)```([\w+-]*)\s*$")
 STANDIN_MODEL = "path/to/hf-model"
 SMOLLM2 = "smollm2-135m-instruct"
 
+# work-folder path -> ("repo:PATH" or a file test_snippets._seed makes, reason): what the prose assumes
+FIXTURES: dict[str, tuple[str, str]] = {
+    "configs": ("repo:configs", "commands run from the repository root: its configs/"),
+    "benchmarks": ("repo:benchmarks", "... its benchmarks/ scripts"),
+    "scripts": ("repo:scripts", "... its scripts/"),
+    STANDIN_MODEL: ("model", "the placeholder of the prose, made real: the tiny stand-in model"),
+    "models/qwen2-0.5b-instruct": ("model", "coming_from_trl.md downloads it first (skipped): the stand-in"),
+    "models/qwen2.5-0.5b-instruct": ("model", "agents.md's model: the stand-in"),
+    "train.jsonl": ("train.jsonl", "the reader's data, 'prompt' and 'answer' columns"),
+    "data.jsonl": ("data.jsonl", "the reader's data, 'question' and 'final' columns"),
+    "deepmath.jsonl": ("deepmath.jsonl", "DeepMath's columns (chat prompt, solution), for the download"),
+    "deepmath": ("deepmath", "the same rows as `dataset.save_to_disk(\"deepmath\")` writes them"),
+    "cfg.yaml": ("cfg.yaml", "the reader's own config: a copy of configs/demo.yaml"),
+    "../shared/data/gsm8k": ("gsm8k", "GSM8K's train.jsonl / test.jsonl format, 8 problems"),
+    "runs/a": ("run/runs/demo", "observability.md's two runs to overlay: a finished 1-step demo run"),
+    "runs/b": ("run/runs/demo", "... the same run again"),
+}
+
 # (language, regex, replacement, reason); applied to a block's text before it is split or run
 SUBSTITUTIONS: list[tuple[str, str, str, str]] = [
     ("python", r"(?<![.\w])max_steps=200\b",

@@ -4,9 +4,9 @@ One test per command line (bash) or block (python), named `page:line`. The block
 order in one work folder (a later command reads what an earlier one wrote: `grpokit eval --model
 runs/demo/final` after `grpokit train`), each in a fresh process forked from a server that has imported
 torch / transformers / TRL / grpokit once (tests/docs/snippet_server.py). The work folder holds the
-files the prose assumes (a model at `path/to/hf-model`, `train.jsonl`, GSM8K at `../shared/data/gsm8k`,
-...; see `_seed`), and every command gets the size flags of doc_snippets.SIZE. What does not run here
-is skipped with its reason (doc_snippets.SKIPS).
+files the prose assumes (doc_snippets.FIXTURES, made by `_seed`: a model at `path/to/hf-model`, GSM8K
+at `../shared/data/gsm8k`, ...), and every command gets the size flags of doc_snippets.SIZE. What does not
+run here is skipped with its reason (doc_snippets.SKIPS).
 """
 
 from __future__ import annotations
@@ -104,16 +104,6 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-# work-folder path -> seed path (relative to the seed folder): what the prose assumes exists
-LINKS = {"configs": ds.ROOT / "configs", "benchmarks": ds.ROOT / "benchmarks", "scripts": ds.ROOT / "scripts",
-         ds.STANDIN_MODEL: "model",
-         "models/qwen2-0.5b-instruct": "model",      # coming_from_trl.md downloads it (skipped): the stand-in
-         "models/qwen2.5-0.5b-instruct": "model",    # agents.md's model: the stand-in
-         "train.jsonl": "train.jsonl", "data.jsonl": "data.jsonl", "deepmath.jsonl": "deepmath.jsonl",
-         "deepmath": "deepmath", "cfg.yaml": "cfg.yaml", "../shared/data/gsm8k": "gsm8k",
-         "runs/a": "run/runs/demo", "runs/b": "run/runs/demo"}   # observability.md's two runs to overlay
-
-
 class Pages:
     """Each page's work folder and which of its steps have run (each runs once; later ones read its files)."""
 
@@ -129,10 +119,10 @@ class Pages:
     def work(self, page: str) -> Path:
         work = self.root / page.replace("/", "_").replace(".md", "") / "work"
         if not work.exists():
-            for link, target in LINKS.items():
+            for link, (target, _) in ds.FIXTURES.items():
                 path = work / link
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.symlink_to(target if Path(target).is_absolute() else self.seed / target)
+                path.symlink_to(ds.ROOT / target[5:] if target.startswith("repo:") else self.seed / target)
         return work
 
     def run(self, step: ds.Step) -> tuple[int, str]:
