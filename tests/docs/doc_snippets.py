@@ -4,11 +4,14 @@ each Python block whole.
 
 What a snippet needs to run in seconds, offline, on one core is declared here, each entry with its reason:
 
+- FIXTURES: the files the prose assumes in the folder a page runs in (a model at `path/to/hf-model`, ...);
 - SUBSTITUTIONS: text rewritten before a block runs (a download, a fixed /tmp path, a file that only a
   long experiment makes);
 - CONTEXT: names a Python block takes from the prose around it (`model`, `dataset`, ...), defined before
-  it runs, and the blocks of its page it must run after;
-- SIZE: the flags appended to each runnable command (one step, two problems, ...), per command;
+  it runs;
+- SIZE (and SIZE_EXTRA): the flags appended to each runnable command (one step, two problems, ...);
+- AFTER: a step that needs what a later block of its page makes, and that block;
+- PARSE_ONLY: commands whose arguments are parsed and state built, not run (and why);
 - SKIPS: the commands that need the network, a GPU, several processes or a server, and why.
 
 A command matching neither a SKIPS nor a runnable kind fails its test ("no rule"): nothing passes unseen.
@@ -122,20 +125,6 @@ CONTEXT: list[Context] = [
 # Flags appended to each runnable command (argparse and grpokit's overrides both keep the last value)
 TRAIN_SIZE = ["run.max_steps=1", "run.eval_limit=2", "rollout.num_generations=2",
               "rollout.prompts_per_step=4", "rollout.max_completion_length=8", "run.eval_steps=0"]
-# (regex on the command, flags appended after SIZE's, reason): where a command's own settings need more room
-SIZE_EXTRA: list[tuple[str, list[str], str]] = [
-    (r"preset=dapo", ["rollout.max_completion_length=72"],
-     "DAPO's overlong buffer (64 tokens) needs completions longer than 64"),
-    (r"run\.iterations=", ["run.iterations=2", "run.steps_per_iteration=1", "run.max_steps=2"],
-     "two iterations of one step (max_steps must equal iterations x steps_per_iteration)"),
-]
-
-# (page, regex on a step's text, regex on the producer's, reason): a step that reads what a later block of
-# its page writes runs after that block (the page's order otherwise)
-AFTER: list[tuple[str, str, str, str]] = [
-    ("docs/reward_models.md", r"rm:runs/rm\b|load_reward_model\(", r"rm train .*--out runs/rm\b",
-     "the page opens with the use of an RM that its section 2 trains"),
-]
 SIZE: dict[str, tuple[list[str], str]] = {
     "train": (TRAIN_SIZE + ["run.overwrite=true"],
               "one step of 4x2 completions of 8 tokens (8: the SmolLM2 recipes' micro-batch divides it), "
@@ -152,6 +141,21 @@ SIZE: dict[str, tuple[list[str], str]] = {
     "sweep": ([], "--dry-run only lists the cells"),
     "benchmarks/trl_time_to_accuracy.py": (TRAIN_SIZE, "TRL's side of the race, one step"),
 }
+
+# (regex on the command, flags appended after SIZE's, reason): where a command's own settings need more room
+SIZE_EXTRA: list[tuple[str, list[str], str]] = [
+    (r"preset=dapo", ["rollout.max_completion_length=72"],
+     "DAPO's overlong buffer (64 tokens) needs completions longer than 64"),
+    (r"run\.iterations=", ["run.iterations=2", "run.steps_per_iteration=1", "run.max_steps=2"],
+     "two iterations of one step (max_steps must equal iterations x steps_per_iteration)"),
+]
+
+# (page, regex on a step's text, regex on the producer's, reason): a step that reads what a later block of
+# its page writes runs after that block (the page's order otherwise)
+AFTER: list[tuple[str, str, str, str]] = [
+    ("docs/reward_models.md", r"rm:runs/rm\b|load_reward_model\(", r"rm train .*--out runs/rm\b",
+     "the page opens with the use of an RM that its section 2 trains"),
+]
 
 # Commands validated without running: their arguments parsed and their state built, as the command would
 PARSE_ONLY = {
