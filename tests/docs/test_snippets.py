@@ -18,8 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import datasets
 import doc_snippets as ds
 import pytest
+
+from grpokit.model.loading import build_char_tokenizer, tiny_random_model
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 180
@@ -71,8 +74,6 @@ def server(tmp_path_factory):
 
 def _seed(folder: Path, server: SnippetServer) -> Path:
     """The files the docs' prose assumes, made once (every page's work folder links to them)."""
-    from grpokit.model.loading import build_char_tokenizer, tiny_random_model
-
     model = folder / "model"
     tok = build_char_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
@@ -86,7 +87,7 @@ def _seed(folder: Path, server: SnippetServer) -> Path:
     chat = [{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "solution": str(a + b)}
             for a, b in rows]
     _jsonl(folder / "deepmath.jsonl", chat)
-    __import__("datasets").Dataset.from_list(chat).save_to_disk(str(folder / "deepmath"))
+    datasets.Dataset.from_list(chat).save_to_disk(str(folder / "deepmath"))
     gsm = [{"question": f"Tom has {a} apples and buys {b}. How many now?",
             "answer": f"He has {a}+{b}=<<{a}+{b}={a + b}>>{a + b}.\n#### {a + b}"} for a, b in rows]
     for split in ("train", "test"):
