@@ -1,9 +1,9 @@
 """Beam search: exactly `budget` beams per round, every generated token counted (hand counts on a stub)."""
 
+from search_stubs import StubDecoder
+
 from grpokit.search.beam import Beam, beam, search_one, select
 from grpokit.tasks import Example
-
-from search_stubs import StubDecoder
 
 
 def digit_sum(prompts, completions):

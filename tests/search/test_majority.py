@@ -1,10 +1,10 @@
 """Majority voting: the mode of the final answers wins, a tie goes to the answer sampled first."""
 
+from search_stubs import StubDecoder
+
 from grpokit.search.common import answer_key
 from grpokit.search.majority import majority, vote
 from grpokit.tasks import Example
-
-from search_stubs import StubDecoder
 
 
 def test_vote_picks_the_mode_and_the_first_sample_that_carries_it():

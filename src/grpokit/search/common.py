@@ -74,7 +74,8 @@ def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
 
 
 def in_batches(examples: Sequence, rows_per_problem: int, solve: Callable[[Sequence], list[ProblemResult]],
-               *, batch_rows: int = EVAL_BATCH, progress: bool = False, desc: str = "search") -> list[ProblemResult]:
+               *, batch_rows: int = EVAL_BATCH, progress: bool = False,
+               desc: str = "search") -> list[ProblemResult]:
     """Solve the examples in batches of about `batch_rows` decoded rows (the evaluation batch); each
     batch's wall time is shared equally by its problems."""
     size = max(1, batch_rows // rows_per_problem)

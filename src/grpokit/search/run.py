@@ -8,7 +8,7 @@
 |---|---|---|
 | greedy | 1 (no --budget) | none |
 | majority | samples per problem | none |
-| best-of-n | samples per problem | --rm PATH (outcome RM) or --prm PATH / steps (process, --prm-agg min/last) |
+| best-of-n | samples per problem | --rm PATH (outcome RM), or --prm PATH / steps (process; --prm-agg) |
 | beam | beam width (each beam: --expand continuations per step) | --prm PATH / steps (required) |
 
 `grpokit eval --search METHOD --budget N` calls `search_evaluate` (grpokit.cli.eval).
@@ -75,10 +75,12 @@ class SearchSpec:
         if self.step_separator == "":
             raise SearchError("--step-separator is empty: give the text that ends a step, e.g. '\\n' or '. '")
         if self.expand is not None and m != "beam":
-            raise SearchError("--expand is beam search's continuations per beam: drop it or use --search beam")
+            raise SearchError("--expand is beam search's continuations per beam: drop it or use "
+                              "--search beam")
         if self.expand is not None and self.expand < 1:
             raise SearchError(f"--expand must be >= 1 (continuations per beam per step), got {self.expand}")
-        return dataclasses.replace(self, budget=budget, prm_agg=(self.prm_agg or "min") if self.prm is not None else None,
+        agg = (self.prm_agg or "min") if self.prm is not None else None
+        return dataclasses.replace(self, budget=budget, prm_agg=agg,
                                    expand=(self.expand or DEFAULT_EXPAND) if m == "beam" else None)
 
     def _budget(self) -> int:

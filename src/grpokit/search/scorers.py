@@ -65,7 +65,8 @@ class VerifierSteps:
     def __init__(self, step_separator: str) -> None:
         self.step_separator = step_separator
 
-    def score_steps(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[list[tuple[int, float]]]:
+    def score_steps(self, prompts: Sequence[Any],
+                    completions: Sequence[Any]) -> list[list[tuple[int, float]]]:
         """Per completion, (end char of the step, 1.0 or 0.0) for each step."""
         out = []
         for completion in completions:
