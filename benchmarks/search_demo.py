@@ -1,6 +1,7 @@
 """The search-at-inference measurement of docs/search.md: run it, keep the raw rows, print the table.
 
     python benchmarks/search_demo.py run --limit 200 --rm runs/search/rm --prm runs/search/prm
+    python benchmarks/search_demo.py run ... --only mcts   # only the rows whose label holds 'mcts'
     python benchmarks/search_demo.py table          # the markdown table, read from the raw file only
 
 Each row is one `grpokit eval --search ...` on the demo (builtin:arith-demo, the default config's
@@ -62,6 +63,11 @@ def settings(rm: str | None, prm: str | None, budget: int) -> list[tuple[str, li
     if prm:
         rows.append(("beam 4x2, PRM (min)", ["--search", "beam", "--budget", "4", "--expand", "2",
                                              "--prm", prm]))
+    rows.append((f"mcts {b} sims, step verifier (min)", ["--search", "mcts", "--budget", b, "--expand", "2",
+                                                         "--prm", "steps", "--step-separator", SEP]))
+    if prm:
+        rows.append((f"mcts {b} sims, PRM (min, sigmoid)", ["--search", "mcts", "--budget", b, "--expand",
+                                                            "2", "--prm", prm, "rm.transform=sigmoid"]))
     return rows
 
 
@@ -69,6 +75,8 @@ def run(args) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     RAW.parent.mkdir(parents=True, exist_ok=True)
     for label, extra in settings(args.rm, args.prm, args.budget):
+        if args.only and not any(word in label for word in args.only):
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "report.json"
             cmd = ["taskset", "-c", str(args.core), sys.executable, "-m", "grpokit", "eval", "--limit",
@@ -113,6 +121,7 @@ def main() -> None:
     r.add_argument("--prm", default=None, help="a process RM folder (grpokit rm train --kind process)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--core", type=int, default=0)
+    r.add_argument("--only", nargs="*", default=None, help="run only the rows whose label holds one of these")
     sub.add_parser("table")
     args = p.parse_args()
     run(args) if args.cmd == "run" else table(args)

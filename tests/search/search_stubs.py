@@ -8,11 +8,14 @@ class StubDecoder:
 
     complete(): the i-th prompt's completions are `groups[prompt]`, each counted as len(text) + 1 (EOS).
     extend(): a partial solution with d finished steps gets, for continuation j, the step f"{j}{d}. "
-    while d < depth, else the final step f"\\boxed{{{j}}}" + EOS; every call is recorded."""
+    while d < depth, else the final step f"\\boxed{{{j}}}" + EOS; with separator None, the whole rest
+    of the solution (those steps up to the box). j is the continuation's index in its call, or with
+    cycle=True a count over every continuation handed out (0, 1, 2, ...). Every call is recorded."""
 
-    def __init__(self, tokenizer, groups=None, depth: int = 2, max_new_tokens: int = 64) -> None:
+    def __init__(self, tokenizer, groups=None, depth: int = 2, max_new_tokens: int = 64,
+                 cycle: bool = False) -> None:
         self.tokenizer, self.groups, self.depth = tokenizer, groups or {}, depth
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens, self.cycle, self.count = max_new_tokens, cycle, 0
         self.calls = []            # (prefixes, n, limits) per extend call
         self.decoded = []          # every Completion handed out
 
@@ -29,17 +32,21 @@ class StubDecoder:
 
     def extend(self, prefixes, n, limits, separator):
         self.calls.append(([list(p) for p in prefixes], n, list(limits)))
-        eos = self.tokenizer.eos_token_id
+        eos, sep = self.tokenizer.eos_token_id, separator or ". "
         out = []
         for prefix in prefixes:
-            text = self.tokenizer.decode(prefix, skip_special_tokens=True)
-            d = text.count(separator)
+            d = self.tokenizer.decode(prefix, skip_special_tokens=True).count(sep)
             group = []
-            for j in range(n):
-                step = f"{j}{d}{separator}" if d < self.depth else f"\\boxed{{{j}}}"
-                ids = self.tokenizer(step, add_special_tokens=False)["input_ids"] + ([eos] if d >= self.depth
-                                                                                     else [])
-                group.append(Completion(step, len(ids), d >= self.depth, ids))
+            for i in range(n):
+                j = self.count % 10 if self.cycle else i
+                self.count += 1
+                last = self.depth + 1 if separator is None else d + 1
+                step = "".join(f"{j}{k}{sep}" for k in range(d, min(last, self.depth)))
+                if last > self.depth:
+                    step += f"\\boxed{{{j}}}"
+                ended = last > self.depth
+                ids = self.tokenizer(step, add_special_tokens=False)["input_ids"] + ([eos] if ended else [])
+                group.append(Completion(step, len(ids), ended, ids))
             self.decoded += group
             out.append(group)
         return out

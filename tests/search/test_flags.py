@@ -9,8 +9,11 @@ from grpokit.search.common import SearchError
 from grpokit.search.run import SearchSpec
 
 BAD = [
-    (SearchSpec("beem", 4), "--search must be one of greedy, majority, best-of-n, beam, got 'beem' (did you "
-                            "mean 'beam'?)"),
+    (SearchSpec("beem", 4), "--search must be one of greedy, majority, best-of-n, beam, mcts, got 'beem' "
+                            "(did you mean 'beam'?)"),
+    (SearchSpec("mcts", 8), "--search mcts needs a scorer"),
+    (SearchSpec("mcts", prm="steps"), "--search mcts needs --budget N (simulations per problem)"),
+    (SearchSpec("majority", 4, step_separator="\n"), "--step-separator applies to beam, mcts or a process"),
     (SearchSpec("majority"), "--search majority needs --budget N (samples per problem)"),
     (SearchSpec("beam", 0, prm="steps"), "--budget must be >= 1 (the beam width), got 0"),
     (SearchSpec("greedy", 4), "--search greedy decodes one completion per problem: drop --budget"),
@@ -22,7 +25,7 @@ BAD = [
      "it needs --prm PATH (a process RM folder) or --prm steps (the arithmetic step verifier), not --rm"),
     (SearchSpec("best-of-n", 4, rm="a", prm_agg="min"), "--prm-agg applies to a process scorer"),
     (SearchSpec("beam", 4, prm="steps", prm_agg="mean"), "--prm-agg must be one of min, last, got 'mean'"),
-    (SearchSpec("majority", 4, expand=2), "--expand is beam search's continuations per beam"),
+    (SearchSpec("majority", 4, expand=2), "--expand is beam's continuations per beam (mcts: children"),
     (SearchSpec("beam", 4, prm="steps", expand=0), "--expand must be >= 1"),
     (SearchSpec("beam", 4, prm="steps", step_separator=""), "--step-separator is empty"),
 ]
@@ -40,6 +43,7 @@ def test_good_specs_fill_their_defaults():
     beam = SearchSpec("beam", 4, prm="steps").check()
     assert (beam.expand, beam.prm_agg) == (2, "min")
     assert SearchSpec("best-of-n", 8, rm="x").check().prm_agg is None
+    assert SearchSpec("mcts", 8, rm="x", step_separator=". ").check().expand == 2
 
 
 EVAL = ["eval", "--model", "builtin:tiny-random", "--limit", "2", "run.progress=false"]

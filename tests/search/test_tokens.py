@@ -10,6 +10,7 @@ from grpokit.search.best_of_n import best_of_n
 from grpokit.search.decode import Decoder
 from grpokit.search.greedy import greedy
 from grpokit.search.majority import majority
+from grpokit.search.mcts import mcts
 from grpokit.search.scorers import VerifierSteps, process_scorer
 from grpokit.tasks import Example
 from grpokit.train.evaluate import evaluate
@@ -48,6 +49,7 @@ RUNS = {
     "majority": lambda d, ex: majority(d, ex, 3),
     "best-of-n": lambda d, ex: best_of_n(d, ex, 3, process_scorer(VerifierSteps(". "), "min")),
     "beam": lambda d, ex: beam(d, ex, 2, process_scorer(VerifierSteps(". "), "last"), ". ", expand=2),
+    "mcts": lambda d, ex: mcts(d, ex, 4, process_scorer(VerifierSteps(". "), "min"), ". ", width=2),
 }
 
 
@@ -63,7 +65,7 @@ def test_tokens_are_the_sum_of_the_decoded_tokens(setup, method):
         assert c.tokens == len(c.text) + (1 if c.ended else 0)
     if method == "greedy":
         assert len(dec.decoded) == len(examples)
-    elif method != "beam":
+    elif method in ("majority", "best-of-n"):
         assert len(dec.decoded) == 3 * len(examples)
 
 

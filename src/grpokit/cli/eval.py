@@ -96,18 +96,21 @@ def main(argv: list[str]) -> int:
 def _search_flags(p: argparse.ArgumentParser) -> None:
     """--search and its budget and scorer flags (checked by grpokit.search.run.SearchSpec.check)."""
     g = p.add_argument_group("search at inference (docs/search.md)")
-    g.add_argument("--search", default=None, help="greedy | majority | best-of-n | beam: one answer per "
-                   "problem, with accuracy and generated tokens per problem in the report")
+    g.add_argument("--search", default=None, help="greedy | majority | best-of-n | beam | mcts: one answer "
+                   "per problem, with accuracy and generated tokens per problem in the report")
     g.add_argument("--budget", type=int, default=None,
-                   help="samples per problem (majority, best-of-n) or beam width (beam); greedy: none")
-    g.add_argument("--rm", default=None, help="best-of-n: an outcome reward-model folder (grpokit rm train)")
+                   help="samples per problem (majority, best-of-n), beam width (beam) or simulations "
+                   "(mcts); greedy: none")
+    g.add_argument("--rm", default=None,
+                   help="best-of-n, mcts: an outcome reward-model folder (grpokit rm train)")
     g.add_argument("--prm", default=None,
-                   help="best-of-n, beam: a process reward-model folder, or 'steps' (the step verifier)")
+                   help="best-of-n, beam, mcts: a process reward-model folder, or 'steps' (the step "
+                   "verifier)")
     g.add_argument("--prm-agg", default=None, help="a process scorer's step scores -> one: min (default) "
                    "or last")
-    g.add_argument("--expand", type=int, default=None, help="beam: sampled continuations per beam per step "
-                   "(default 2)")
-    g.add_argument("--step-separator", default=None, help="beam / --prm: the text that ends a step "
+    g.add_argument("--expand", type=int, default=None, help="beam: sampled continuations per beam per "
+                   "step; mcts: children per node (default 2)")
+    g.add_argument("--step-separator", default=None, help="beam, mcts, --prm: the text that ends a step "
                    "(default: the PRM folder's, else rm.step_separator)")
 
 

@@ -3,6 +3,7 @@
     grpokit eval --search majority --budget 8
     grpokit eval --search best-of-n --budget 8 --rm runs/rm
     grpokit eval --search beam --budget 4 --prm runs/prm --expand 2
+    grpokit eval --search mcts --budget 8 --prm steps --step-separator ". "
 
     common     Completion, ProblemResult, answer keys, correctness, SearchError
     decode     Decoder: whole completions (sample_groups) and one-step continuations (beam)
@@ -11,6 +12,7 @@
     majority   self-consistency: the most frequent final answer of N samples
     best_of_n  the top-scored of N samples
     beam       step-level beam search guided by a process scorer
+    mcts       Monte Carlo tree search over steps (UCT), values from scored rollouts
     run        SearchSpec (the flags and their checks) and search_evaluate (the report)
 
 Each method reports accuracy, generated tokens per problem (every token decoded, discarded ones too)

@@ -3,6 +3,7 @@
     dec = Decoder(model, tokenizer, cfg)                # the rollout.* settings: length, temperature, top-p/k
     dec.complete(prompts, n)                            # n whole completions per prompt (greedy=True: argmax)
     dec.extend(prefixes, n, limits, separator)          # n one-step continuations per token-id prefix
+    dec.extend(prefixes, n, limits, None)               # n continuations to EOS (MCTS rollouts)
 
 `complete` is `grpokit.rollout.groups.sample_groups` (group_size = n: each prompt is prefilled once and
 its KV cache is read by its n rows). `extend` drives the same decode loop (`grpokit.rollout.sampler.
@@ -40,9 +41,10 @@ class StepStop:
     """A turn driver (`grpokit.rollout.turns.TurnDriver`) that ends each row after one reasoning step.
 
     Every token is a stop candidate, so the loop asks after each one; a row ends at EOS, when its text
-    holds the separator after some text (`step_ended`), or at its own token limit."""
+    holds the separator after some text (`step_ended`), or at its own token limit. With separator None
+    a row runs to EOS or its limit (a whole completion: MCTS's rollouts)."""
 
-    def __init__(self, tokenizer, eos_ids: Sequence[int], separator: str, limits: Sequence[int],
+    def __init__(self, tokenizer, eos_ids: Sequence[int], separator: str | None, limits: Sequence[int],
                  vocab_size: int) -> None:
         self.tokenizer, self.eos, self.separator = tokenizer, set(eos_ids), separator
         self.limits = list(limits)                    # per row: the most tokens it may decode
@@ -59,8 +61,8 @@ class StepStop:
         for r in rows:
             n = column + 1
             ids = tokens[r, :n].tolist()
-            if ids[-1] in self.eos or n >= self.limits[r] or step_ended(
-                    self.tokenizer.decode(ids, skip_special_tokens=True), self.separator):
+            if ids[-1] in self.eos or n >= self.limits[r] or (self.separator is not None and step_ended(
+                    self.tokenizer.decode(ids, skip_special_tokens=True), self.separator)):
                 self.lengths[r] = n
                 done.append(r)
         return {}, done
@@ -101,8 +103,9 @@ class Decoder:
         return ids[0][mask[0].bool()].tolist()
 
     def extend(self, prefixes: Sequence[list[int]], n: int, limits: Sequence[int],
-               separator: str) -> list[list[Completion]]:
-        """n sampled one-step continuations of each token-id prefix, each at most limits[i] tokens."""
+               separator: str | None) -> list[list[Completion]]:
+        """n sampled one-step continuations of each token-id prefix, each at most limits[i] tokens
+        (separator None: continuations to EOS or the limit)."""
         if not sampler.choose_backend(self.model, self.cfg.rollout.backend):
             raise SearchError(f"step-level search decodes with grpokit's sampler, which does not cover "
                               f"this architecture ({getattr(self.model.config, 'model_type', '?')}) or "

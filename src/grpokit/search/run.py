@@ -10,6 +10,7 @@
 | majority | samples per problem | none |
 | best-of-n | samples per problem | --rm PATH (outcome RM), or --prm PATH / steps (process; --prm-agg) |
 | beam | beam width (each beam: --expand continuations per step) | --prm PATH / steps (required) |
+| mcts | simulations (each node: --expand children) | --prm PATH / steps, or --rm PATH (a rollout's value) |
 
 `grpokit eval --search METHOD --budget N` calls `search_evaluate` (grpokit.cli.eval).
 """
@@ -31,10 +32,13 @@ from grpokit.search.common import SearchError, summarize
 from grpokit.search.decode import Decoder
 from grpokit.search.greedy import greedy
 from grpokit.search.majority import majority
+from grpokit.search.mcts import mcts
 from grpokit.search.scorers import AGGREGATES, VERIFIER, load_outcome, load_process
 
-METHODS = ("greedy", "majority", "best-of-n", "beam")
-BUDGET_IS = {"majority": "samples per problem", "best-of-n": "samples per problem", "beam": "the beam width"}
+METHODS = ("greedy", "majority", "best-of-n", "beam", "mcts")
+BUDGET_IS = {"majority": "samples per problem", "best-of-n": "samples per problem", "beam": "the beam width",
+             "mcts": "simulations per problem"}
+TREE = ("beam", "mcts")     # step-level methods: --expand and --step-separator apply
 PRM_HINT = f"--prm PATH (a process RM folder) or --prm {VERIFIER} (the arithmetic step verifier)"
 DEFAULT_EXPAND = 2
 
@@ -60,28 +64,29 @@ class SearchSpec:
         scored = self.rm is not None or self.prm is not None
         if m in ("greedy", "majority") and scored:
             raise SearchError(f"--search {m} uses no scorer: drop --rm / --prm (best-of-n and beam use one)")
-        if m == "best-of-n" and not scored:
-            raise SearchError(f"--search best-of-n needs a scorer: --rm PATH (an outcome RM) or {PRM_HINT}")
+        if m in ("best-of-n", "mcts") and not scored:
+            raise SearchError(f"--search {m} needs a scorer: --rm PATH (an outcome RM) or {PRM_HINT}")
         if self.rm is not None and self.prm is not None:
             raise SearchError("give one scorer: --rm (outcome) or --prm (process), not both")
         if m == "beam" and self.prm is None:
             raise SearchError(f"--search beam scores partial solutions step by step: it needs {PRM_HINT}"
                               + (", not --rm" if self.rm is not None else ""))
-        if self.prm is None and (self.prm_agg is not None or self.step_separator is not None):
-            flag = "--prm-agg" if self.prm_agg is not None else "--step-separator"
-            raise SearchError(f"{flag} applies to a process scorer: give --prm too, or drop {flag}")
+        if self.prm is None and self.prm_agg is not None:
+            raise SearchError("--prm-agg applies to a process scorer: give --prm too, or drop --prm-agg")
+        if self.prm is None and m not in TREE and self.step_separator is not None:
+            raise SearchError("--step-separator applies to beam, mcts or a process scorer (--prm): drop it")
         if self.prm_agg is not None and self.prm_agg not in AGGREGATES:
             raise SearchError(f"--prm-agg must be one of {', '.join(AGGREGATES)}, got {self.prm_agg!r}")
         if self.step_separator == "":
             raise SearchError("--step-separator is empty: give the text that ends a step, e.g. '\\n' or '. '")
-        if self.expand is not None and m != "beam":
-            raise SearchError("--expand is beam search's continuations per beam: drop it or use "
-                              "--search beam")
+        if self.expand is not None and m not in TREE:
+            raise SearchError("--expand is beam's continuations per beam (mcts: children per node): drop it "
+                              "or use --search beam / mcts")
         if self.expand is not None and self.expand < 1:
-            raise SearchError(f"--expand must be >= 1 (continuations per beam per step), got {self.expand}")
+            raise SearchError(f"--expand must be >= 1 (continuations per beam or node), got {self.expand}")
         agg = (self.prm_agg or "min") if self.prm is not None else None
         return dataclasses.replace(self, budget=budget, prm_agg=agg,
-                                   expand=(self.expand or DEFAULT_EXPAND) if m == "beam" else None)
+                                   expand=(self.expand or DEFAULT_EXPAND) if m in TREE else None)
 
     def _budget(self) -> int:
         if self.method == "greedy":
@@ -113,6 +118,7 @@ def search_evaluate(model, tokenizer, examples: Sequence, cfg, spec: SearchSpec,
     scorer, separator = None, None
     if spec.rm is not None:
         scorer = load_outcome(spec.rm, cfg.rm, device)
+        separator = (spec.step_separator or cfg.rm.step_separator) if spec.method in TREE else None
     elif spec.prm is not None:
         scorer, separator = load_process(spec.prm, spec.prm_agg, spec.step_separator, cfg.rm, device)
     with torch.random.fork_rng(devices=[]):
@@ -123,8 +129,11 @@ def search_evaluate(model, tokenizer, examples: Sequence, cfg, spec: SearchSpec,
             results = majority(decoder, examples, spec.budget, progress=progress)
         elif spec.method == "best-of-n":
             results = best_of_n(decoder, examples, spec.budget, scorer, progress=progress)
-        else:
+        elif spec.method == "beam":
             results = beam(decoder, examples, spec.budget, scorer, separator, expand=spec.expand,
+                           progress=progress)
+        else:
+            results = mcts(decoder, examples, spec.budget, scorer, separator, width=spec.expand,
                            progress=progress)
     settings = {"search": spec.method, "budget": spec.budget, "rm": spec.rm, "prm": spec.prm,
                 "prm_agg": spec.prm_agg if spec.prm is not None else None, "step_separator": separator,

@@ -15,7 +15,8 @@ answer. `VerifierSteps` is the arithmetic step verifier (`grpokit.rewards.steps.
 process scorer: a step scores 1 when every equation ending in it is right, else 0, and the step holding
 the final box scores 1 only when, in addition, the boxed value equals the last equation's result (the
 answer agrees with the work shown): the labels `grpokit rm collect --step-labels verifier` writes, with
-that self-consistency check standing in for the reference answer.
+that self-consistency check standing in for the reference answer. A text without a box (a partial
+solution in beam search) is judged on its equations only.
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ def aggregate(step_scores: Sequence[float], how: str) -> float:
 
 
 def answer_agrees(text: str) -> bool:
-    """Whether the last boxed value equals the result of the last equation written before it."""
+    """Whether the last boxed value equals the result of the last equation written before it.
+
+    True without a box (a partial solution has not answered yet) or without an equation before it."""
     boxed = extract_boxed(text)
     box_at = text.rfind("\\boxed")
     before = [s for s in check_steps(text) if s.end <= box_at]
     if boxed is None or not before:
-        return boxed is not None
+        return True
     result = normalize_number(before[-1].text.rsplit("=", 1)[-1])
     value = normalize_number(boxed)
     return result is not None and value is not None and abs(result - value) < 1e-9
