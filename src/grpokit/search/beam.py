@@ -24,13 +24,10 @@ price of the readable path, which does not keep a beam's KV cache from one round
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tqdm import tqdm
-
-from grpokit.search.common import ProblemResult, correctness
+from grpokit.search.common import ProblemResult, one_at_a_time
 from grpokit.search.decode import Decoder
 from grpokit.search.scorers import Scorer
 
@@ -78,13 +75,8 @@ def search_one(decoder: Decoder, prompt, width: int, expand: int, scorer: Scorer
 def beam(decoder: Decoder, examples: Sequence, budget: int, scorer: Scorer, separator: str, *,
          expand: int = 2, progress: bool = False) -> list[ProblemResult]:
     """Step-level beam search of width `budget` per example (one problem at a time)."""
-    out = []
-    for ex in tqdm(examples, desc="search beam", disable=not progress, leave=False, dynamic_ncols=True):
-        start = time.perf_counter()
-        best, cost = search_one(decoder, ex.prompt, budget, expand, scorer, separator)
-        text = decoder.tokenizer.decode(best.ids, skip_special_tokens=True)
-        ok = correctness([ex], [text])[0]
-        out.append(ProblemResult(text, ok, cost["tokens"], time.perf_counter() - start,
-                                 {"score": best.score, "prefill_tokens": cost["prefill_tokens"],
-                                  "rounds": cost["rounds"]}))
-    return out
+    def solve(prompt) -> tuple[str, int, dict]:
+        best, cost = search_one(decoder, prompt, budget, expand, scorer, separator)
+        return (decoder.tokenizer.decode(best.ids, skip_special_tokens=True), cost["tokens"],
+                {"score": best.score, "prefill_tokens": cost["prefill_tokens"], "rounds": cost["rounds"]})
+    return one_at_a_time(examples, solve, progress=progress, desc="search beam")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tqdm import tqdm
 
@@ -89,4 +90,17 @@ def in_batches(examples: Sequence, rows_per_problem: int, solve: Callable[[Seque
         for r in results:
             r.seconds = share
         out += results
+    return out
+
+
+def one_at_a_time(examples: Sequence, solve: Callable[[Any], tuple[str, int, dict]], *,
+                  progress: bool = False, desc: str = "search") -> list[ProblemResult]:
+    """Solve the examples one by one: `solve(prompt)` -> (chosen completion, generated tokens, extra);
+    each problem's wall time is its own, and the completion is judged by the answer checker."""
+    out = []
+    for ex in tqdm(examples, desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
+        start = time.perf_counter()
+        text, tokens, extra = solve(ex.prompt)
+        seconds = time.perf_counter() - start
+        out.append(ProblemResult(text, correctness([ex], [text])[0], tokens, seconds, extra))
     return out

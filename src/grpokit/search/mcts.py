@@ -32,13 +32,10 @@ prefills the node's prompt + partial solution (`prefill_tokens`), since no KV ca
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tqdm import tqdm
-
-from grpokit.search.common import ProblemResult, correctness
+from grpokit.search.common import ProblemResult, one_at_a_time
 from grpokit.search.decode import Decoder
 from grpokit.search.scorers import Scorer
 
@@ -129,14 +126,9 @@ def search_one(decoder: Decoder, prompt, simulations: int, width: int, scorer: S
 def mcts(decoder: Decoder, examples: Sequence, budget: int, scorer: Scorer, separator: str, *,
          width: int = 2, progress: bool = False) -> list[ProblemResult]:
     """MCTS with `budget` simulations per example (one problem at a time)."""
-    out = []
-    for ex in tqdm(examples, desc="search mcts", disable=not progress, leave=False, dynamic_ncols=True):
-        start = time.perf_counter()
-        root, cost = search_one(decoder, ex.prompt, budget, width, scorer, separator)
+    def solve(prompt) -> tuple[str, int, dict]:
+        root, cost = search_one(decoder, prompt, budget, width, scorer, separator)
         value, ids = root.best
-        text = decoder.tokenizer.decode(ids, skip_special_tokens=True)
-        out.append(ProblemResult(text, correctness([ex], [text])[0], cost["tokens"],
-                                 time.perf_counter() - start,
-                                 {"score": value, "prefill_tokens": cost["prefill_tokens"],
-                                  "nodes": cost["nodes"]}))
-    return out
+        return (decoder.tokenizer.decode(ids, skip_special_tokens=True), cost["tokens"],
+                {"score": value, "prefill_tokens": cost["prefill_tokens"], "nodes": cost["nodes"]})
+    return one_at_a_time(examples, solve, progress=progress, desc="search mcts")
