@@ -3,6 +3,7 @@
     python benchmarks/search_demo.py run --limit 200 --rm runs/search/rm --prm runs/search/prm
     python benchmarks/search_demo.py run ... --only mcts   # only the rows whose label holds 'mcts'
     python benchmarks/search_demo.py table          # the markdown table, read from the raw file only
+    python benchmarks/search_demo.py plot           # docs/search_demo.png: accuracy against tokens/problem
 
 Each row is one `grpokit eval --search ...` on the demo (builtin:arith-demo, the default config's
 held-out problems, the first --limit) pinned to one core (`OMP_NUM_THREADS=1 taskset -c CORE`); its
@@ -17,6 +18,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -87,7 +89,7 @@ def run(args) -> None:
             report = json.loads(out.read_text())
         shown = ["grpokit", *cmd[cmd.index("eval"):]]
         shown[shown.index("--out") + 1] = "report.json"
-        row = {"label": label, "command": f"OMP_NUM_THREADS=1 taskset -c {args.core} " + " ".join(shown),
+        row = {"label": label, "command": f"OMP_NUM_THREADS=1 taskset -c {args.core} " + shlex.join(shown),
                "commit": commit(), "cpu": cpu_model(), "threads": 1,
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                **{k: report[k] for k in ("model", "search", "budget", "rm", "prm", "prm_agg",
@@ -111,6 +113,33 @@ def table(args) -> None:
     print(f"\ncommit {first['commit']}, {first['cpu']}, {first['threads']} thread, {first['date'][:10]}")
 
 
+def plot(args) -> None:
+    """Accuracy against generated tokens per problem, one point per row of the raw file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in RAW.read_text().splitlines() if line.strip()]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    markers = "osD^vP*Xhp<>"
+    for i, r in enumerate(rows):
+        ax.scatter(r["tokens_per_problem"], r["accuracy"], s=40, marker=markers[i % len(markers)],
+                   label=f"{r['label']}: {r['accuracy']:.3f}, {r['tokens_per_problem']:.0f} tok")
+    ax.set_xlim(0, 1.1 * max(r["tokens_per_problem"] for r in rows))
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_xlabel("generated tokens per problem")
+    ax.set_ylabel("accuracy (one answer per problem)")
+    first = rows[0]
+    ax.set_title(f"search at inference: {first['model']}, {int(first['num_problems'])} held-out problems",
+                 fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = ROOT / "docs" / "search_demo.png"
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -123,8 +152,9 @@ def main() -> None:
     r.add_argument("--core", type=int, default=0)
     r.add_argument("--only", nargs="*", default=None, help="run only the rows whose label holds one of these")
     sub.add_parser("table")
+    sub.add_parser("plot")
     args = p.parse_args()
-    run(args) if args.cmd == "run" else table(args)
+    {"run": run, "table": table, "plot": plot}[args.cmd](args)
 
 
 if __name__ == "__main__":
