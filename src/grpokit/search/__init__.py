@@ -6,7 +6,7 @@
     grpokit eval --search mcts --budget 8 --prm steps --step-separator ". "
 
     common     Completion, ProblemResult, answer keys, correctness, SearchError
-    decode     Decoder: whole completions (sample_groups) and one-step continuations (beam)
+    decode     Decoder: whole completions (sample_groups) and one-step continuations (beam, mcts)
     scorers    outcome RM, process RM (min / last of the step scores), the step verifier (`--prm steps`)
     greedy     one argmax completion (the baseline row)
     majority   self-consistency: the most frequent final answer of N samples

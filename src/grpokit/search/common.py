@@ -4,7 +4,7 @@ Every method ends with one chosen completion per problem; it is judged by the sa
 greedy evaluation (`grpokit.rewards.scoring.accuracy_reward`: the last box, else ``#### x``, against the
 reference). Cost is counted in generated tokens: every token the policy decoded for the problem, up to
 and including each row's EOS, over every sample, expansion and discarded beam (the prompt and the
-re-read partial solutions are not generated tokens; beam search reports those as `prefill_tokens`).
+re-read partial solutions are not generated tokens; beam and mcts report those as `prefill_tokens`).
 """
 
 from __future__ import annotations
