@@ -91,6 +91,17 @@ def _json(name: str):
     return json.loads((RESULTS / name).read_text())
 
 
+def search_row() -> str:
+    rows = {r["label"]: r for r in _rows("search_demo.jsonl")}
+    g, best = rows["greedy"], max(rows.values(), key=lambda r: r["accuracy"])
+    mcts = max((r for r in rows.values() if r["search"] == "mcts"), key=lambda r: r["accuracy"])
+    return (f"| search at inference (`grpokit eval --search`, demo model, {int(g['num_problems'])} held-out "
+            f"problems) | greedy {_pct(g['accuracy'])} at {g['tokens_per_problem']:.0f} tokens/problem; "
+            f"{best['label']} {_pct(best['accuracy'])} at {best['tokens_per_problem']:.0f}; {mcts['label']} "
+            f"{_pct(mcts['accuracy'])} at {mcts['tokens_per_problem']:.0f} | [search](docs/search.md), "
+            "`benchmarks/results/search_demo.jsonl` |")
+
+
 def rm_row() -> str:
     start = statistics.mean(r["before"] for r in _rows("demo_seeds.jsonl"))
     frozen = [r["eval/accuracy"] for r in _json("rm/rm_supervision_results.json")
@@ -189,7 +200,8 @@ STATIC_ROWS = [
 
 def headline() -> str:
     """The README's headline table, its measured rows computed from the raw files."""
-    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), rm_row(), ppo_row(), *STATIC_ROWS]
+    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), search_row(), rm_row(), ppo_row(),
+            *STATIC_ROWS]
     return "\n".join(["| what | result | page, raw rows |", "|---|---|---|", *rows])
 
 

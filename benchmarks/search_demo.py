@@ -1,0 +1,161 @@
+"""The search-at-inference measurement of docs/search.md: run it, keep the raw rows, print the table.
+
+    python benchmarks/search_demo.py run --limit 200 --rm runs/search/rm --prm runs/search/prm
+    python benchmarks/search_demo.py run ... --only mcts   # only the rows whose label holds 'mcts'
+    python benchmarks/search_demo.py table          # the markdown table, read from the raw file only
+    python benchmarks/search_demo.py plot           # docs/search_demo.png: accuracy against tokens/problem
+
+Each row is one `grpokit eval --search ...` on the demo (builtin:arith-demo, the default config's
+held-out problems, the first --limit) pinned to one core (`OMP_NUM_THREADS=1 taskset -c CORE`); its
+report's figures are appended to benchmarks/results/search_demo.jsonl with the command, commit, CPU model,
+thread count and date. The reward models are folders `grpokit rm train` wrote (docs/search.md says how).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RAW = ROOT / "benchmarks" / "results" / "search_demo.jsonl"
+SEP = ". "       # the demo's equation end: '37+58=95. \\boxed{95}' has two steps
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":!benchmarks/results"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return out.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def settings(rm: str | None, prm: str | None, budget: int) -> list[tuple[str, list[str]]]:
+    """(label, grpokit eval arguments) of each row."""
+    b = str(budget)
+    rows = [("greedy", ["--search", "greedy"]),
+            (f"majority@{b}", ["--search", "majority", "--budget", b]),
+            (f"majority@{b}, T=0.5", ["--search", "majority", "--budget", b, "rollout.temperature=0.5"]),
+            (f"best-of-{b}, step verifier (min)", ["--search", "best-of-n", "--budget", b, "--prm", "steps",
+                                                   "--step-separator", SEP])]
+    if rm:
+        rows.append((f"best-of-{b}, outcome RM", ["--search", "best-of-n", "--budget", b, "--rm", rm]))
+    if prm:
+        rows.append((f"best-of-{b}, PRM (min)", ["--search", "best-of-n", "--budget", b, "--prm", prm]))
+    rows.append(("beam 4x2, step verifier (min)", ["--search", "beam", "--budget", "4", "--expand", "2",
+                                                   "--prm", "steps", "--step-separator", SEP]))
+    if prm:
+        rows.append(("beam 4x2, PRM (min)", ["--search", "beam", "--budget", "4", "--expand", "2",
+                                             "--prm", prm]))
+    rows.append((f"mcts {b} sims, step verifier (min)", ["--search", "mcts", "--budget", b, "--expand", "2",
+                                                         "--prm", "steps", "--step-separator", SEP]))
+    if prm:
+        rows.append((f"mcts {b} sims, PRM (min, sigmoid)", ["--search", "mcts", "--budget", b, "--expand",
+                                                            "2", "--prm", prm, "rm.transform=sigmoid"]))
+    return rows
+
+
+def run(args) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    RAW.parent.mkdir(parents=True, exist_ok=True)
+    for label, extra in settings(args.rm, args.prm, args.budget):
+        if args.only and not any(word in label for word in args.only):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "report.json"
+            cmd = ["taskset", "-c", str(args.core), sys.executable, "-m", "grpokit", "eval", "--limit",
+                   str(args.limit), "run.progress=false", "--seed", str(args.seed), "--out", str(out), *extra]
+            start = time.perf_counter()
+            subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+            wall = time.perf_counter() - start
+            report = json.loads(out.read_text())
+        shown = ["grpokit", *cmd[cmd.index("eval"):]]
+        shown[shown.index("--out") + 1] = "report.json"
+        row = {"label": label, "command": f"OMP_NUM_THREADS=1 taskset -c {args.core} " + shlex.join(shown),
+               "commit": commit(), "cpu": cpu_model(), "threads": 1,
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               **{k: report[k] for k in ("model", "search", "budget", "rm", "prm", "prm_agg",
+                                         "step_separator", "expand", "seed", "num_problems", "accuracy",
+                                         "tokens_per_problem", "seconds", "seconds_per_problem")},
+               "command_wall_seconds": round(wall, 1)}
+        with RAW.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{label:<36} accuracy {row['accuracy']:.3f}  tokens/problem {row['tokens_per_problem']:.1f}  "
+              f"{row['seconds']:.1f}s", flush=True)
+
+
+def table(args) -> None:
+    rows = [json.loads(line) for line in RAW.read_text().splitlines() if line.strip()]
+    print("| search | accuracy | generated tokens / problem | wall s (search) | problems |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['label']} | {r['accuracy']:.3f} | {r['tokens_per_problem']:.1f} | {r['seconds']:.1f} | "
+              f"{int(r['num_problems'])} |")
+    first = rows[0]
+    print(f"\ncommit {first['commit']}, {first['cpu']}, {first['threads']} thread, {first['date'][:10]}")
+
+
+def plot(args) -> None:
+    """Accuracy against generated tokens per problem, one point per row of the raw file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in RAW.read_text().splitlines() if line.strip()]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    markers = "osD^vP*Xhp<>"
+    for i, r in enumerate(rows):
+        ax.scatter(r["tokens_per_problem"], r["accuracy"], s=40, marker=markers[i % len(markers)],
+                   label=f"{r['label']}: {r['accuracy']:.3f}, {r['tokens_per_problem']:.0f} tok")
+    ax.set_xlim(0, 1.1 * max(r["tokens_per_problem"] for r in rows))
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_xlabel("generated tokens per problem")
+    ax.set_ylabel("accuracy (one answer per problem)")
+    first = rows[0]
+    ax.set_title(f"search at inference: {first['model']}, {int(first['num_problems'])} held-out problems",
+                 fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = ROOT / "docs" / "search_demo.png"
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--limit", type=int, default=200)
+    r.add_argument("--budget", type=int, default=8)
+    r.add_argument("--rm", default=None, help="an outcome RM folder (grpokit rm train)")
+    r.add_argument("--prm", default=None, help="a process RM folder (grpokit rm train --kind process)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--core", type=int, default=0)
+    r.add_argument("--only", nargs="*", default=None, help="run only the rows whose label holds one of these")
+    sub.add_parser("table")
+    sub.add_parser("plot")
+    args = p.parse_args()
+    {"run": run, "table": table, "plot": plot}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

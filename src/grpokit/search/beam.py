@@ -1,0 +1,82 @@
+"""Step-level beam search guided by a process scorer (a PRM, or the step verifier).
+
+    results = beam(decoder, examples, budget=4, scorer=prm_score, separator=". ", expand=2)
+
+A step is the text up to and including the step separator (`--step-separator`: a newline for
+step-per-line solutions; the demo's arithmetic writes ``37+58=95. \\boxed{95}``, whose equation ends at
+``". "``). Beams are partial solutions (token ids after the prompt). For each problem:
+
+    beams = [empty solution]; round 0 expands it budget * expand times
+    repeat:
+        every live beam -> `expand` sampled continuations of one step   (Decoder.extend: a step ends at the
+                                                                        separator, at EOS, or the limit)
+        score each new candidate (prompt + its partial text) with the process scorer (min or last)
+        beams = the `budget` best of (finished beams kept so far + the new candidates)
+    until every kept beam is finished (EOS, or rollout.max_completion_length tokens)
+    answer = the best-scored beam
+
+Ties keep the earlier candidate (finished beams first, then new ones in sampling order). After round 0
+exactly `budget` beams are kept: each live beam gives `expand` >= 1 candidates, so the pool never shrinks.
+Cost: generated tokens = every sampled step, kept or discarded. Each round also prefills every live
+beam's prompt + partial solution once (shared by its `expand` rows), reported as `prefill_tokens`: the
+price of the readable path, which does not keep a beam's KV cache from one round to the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from grpokit.search.common import ProblemResult, one_at_a_time
+from grpokit.search.decode import Decoder
+from grpokit.search.scorers import Scorer
+
+
+@dataclass
+class Beam:
+    """A partial (or finished) solution: its token ids after the prompt and its scorer score."""
+
+    ids: list[int]
+    score: float
+    done: bool         # ended with EOS, or reached the token limit
+
+
+def select(candidates: Sequence[Beam], width: int) -> list[Beam]:
+    """The `width` best-scored candidates, best first; a tie keeps the earlier candidate."""
+    order = sorted(range(len(candidates)), key=lambda i: (-candidates[i].score, i))
+    return [candidates[i] for i in order[:width]]
+
+
+def search_one(decoder: Decoder, prompt, width: int, expand: int, scorer: Scorer,
+               separator: str) -> tuple[Beam, dict[str, int]]:
+    """Beam search on one prompt: the best finished beam and its costs {tokens, prefill_tokens, rounds}."""
+    head, limit = decoder.prompt_ids(prompt), decoder.max_new_tokens
+    beams, cost = [Beam([], 0.0, False)], {"tokens": 0, "prefill_tokens": 0, "rounds": 0}
+    while any(not b.done for b in beams):
+        live = [b for b in beams if not b.done]
+        per_beam = expand * width if cost["rounds"] == 0 else expand
+        steps = decoder.extend([head + b.ids for b in live], per_beam, [limit - len(b.ids) for b in live],
+                               separator)
+        fresh = []
+        for b, group in zip(live, steps):
+            for step in group:
+                ids = b.ids + step.ids
+                fresh.append(Beam(ids, 0.0, step.ended or len(ids) >= limit))
+                cost["tokens"] += step.tokens
+        texts = [decoder.tokenizer.decode(c.ids, skip_special_tokens=True) for c in fresh]
+        for c, s in zip(fresh, scorer([prompt] * len(fresh), texts)):
+            c.score = s
+        cost["prefill_tokens"] += sum(len(head) + len(b.ids) for b in live)
+        cost["rounds"] += 1
+        beams = select([b for b in beams if b.done] + fresh, width)
+    return beams[0], cost
+
+
+def beam(decoder: Decoder, examples: Sequence, budget: int, scorer: Scorer, separator: str, *,
+         expand: int = 2, progress: bool = False) -> list[ProblemResult]:
+    """Step-level beam search of width `budget` per example (one problem at a time)."""
+    def solve(prompt) -> tuple[str, int, dict]:
+        best, cost = search_one(decoder, prompt, budget, expand, scorer, separator)
+        return (decoder.tokenizer.decode(best.ids, skip_special_tokens=True), cost["tokens"],
+                {"score": best.score, "prefill_tokens": cost["prefill_tokens"], "rounds": cost["rounds"]})
+    return one_at_a_time(examples, solve, progress=progress, desc="search beam")
