@@ -18,10 +18,12 @@ prefix-preserving, and a response parser: the program sets `tokenizer.response_t
 format, the same as TRL's for Qwen3's `<tool_call>` blocks), as TRL asks users to for a template it does
 not recognise. grpokit reads the same `response_template`.
 
-Per side and round the program prints one JSON line: seconds per step (a TrainerCallback's wall time
-between step ends, the first step's from train begin), reward and tool calls per step (log_history with
-logging_steps=1), peak RSS. Rows go to benchmarks/results/agents_vs_trl.jsonl (one per side per round,
-then a compare row: medians over steps after the first, pooled over rounds, and their ratio).
+Per side and round the program prints one JSON line: wall and CPU seconds per step (a TrainerCallback's
+time between step ends, the first step's from train begin; CPU time is the process's, less sensitive to
+other jobs on a shared core), reward and tool calls per step (log_history with logging_steps=1), peak
+RSS. Rows go to benchmarks/results/agents_vs_trl.jsonl (one per side per round, with the 1-minute load
+average when it started, then a compare row: medians over the steps after the first, pooled over
+rounds, and their ratios).
 """
 
 from __future__ import annotations
@@ -96,12 +98,15 @@ args = GRPOConfig(output_dir=sys.argv[4], num_generations=4, per_device_train_ba
 
 
 class Clock(TrainerCallback):
+    """Wall and CPU seconds of each step (the first one's from the start of training)."""
+
     def on_train_begin(self, *a, **k):
-        self.last, self.seconds = time.perf_counter(), []
+        self.last, self.seconds, self.cpu = (time.perf_counter(), time.process_time()), [], []
 
     def on_step_end(self, *a, **k):
-        now = time.perf_counter()
-        self.seconds.append(now - self.last)
+        now = (time.perf_counter(), time.process_time())
+        self.seconds.append(now[0] - self.last[0])
+        self.cpu.append(now[1] - self.last[1])
         self.last = now
 
 
@@ -112,6 +117,7 @@ trainer.train()
 rows = [r for r in trainer.state.log_history if "reward" in r]
 print("RESULT " + json.dumps({{
     "seconds_per_step": clock.seconds,
+    "cpu_seconds_per_step": clock.cpu,
     "reward_per_step": [r["reward"] for r in rows],
     "tool_calls_per_trajectory": [r.get("tools/call_frequency") for r in rows],
     "tool_failure_frequency": [r.get("tools/failure_frequency") for r in rows],
@@ -184,19 +190,20 @@ def _cpu() -> str:
     return platform.processor()
 
 
-def run_side(side: str, model: Path, steps: int, seed: int, core: int, work: Path) -> dict:
+def run_side(side: str, rnd: int, model: Path, steps: int, seed: int, core: int, work: Path) -> dict:
     program = work / f"program_{side}.py"
     program.write_text(PROGRAM.format(import_line=IMPORTS[side]))
-    out_dir = work / f"out_{side}"
+    out_dir = work / f"out_{side}_{rnd}"               # a fresh output folder per run
     cmd = ["taskset", "-c", str(core), sys.executable, str(program), str(model), str(steps), str(seed),
            str(out_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
            "PYTHONPATH": str(ROOT / "src")}
+    load = Path("/proc/loadavg").read_text().split()[0]          # the machine is shared: how busy it was
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{side} failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return {**json.loads(lines[-1][len("RESULT "):]),
+    return {**json.loads(lines[-1][len("RESULT "):]), "loadavg_1min_at_start": float(load),
             "command": f"OMP_NUM_THREADS=1 {' '.join(cmd)}"}
 
 
@@ -209,14 +216,17 @@ def compare(rows: list[dict]) -> dict:
     for side in IMPORTS:
         mine = [r for r in rows if r["side"] == side]
         secs = [s for r in mine for s in _after_first(r["seconds_per_step"])]
+        cpu = [s for r in mine for s in _after_first(r["cpu_seconds_per_step"])]
         rewards = [x for r in mine for x in r["reward_per_step"]]
         calls = [x for r in mine for x in r["tool_calls_per_trajectory"] if x is not None]
         out[side] = {"median_seconds_per_step": round(statistics.median(secs), 3),
+                     "median_cpu_seconds_per_step": round(statistics.median(cpu), 3),
                      "mean_reward": round(statistics.fmean(rewards), 4),
                      "mean_tool_calls_per_trajectory": round(statistics.fmean(calls), 4) if calls else None,
                      "peak_rss_mb": round(max(r["peak_rss_mb"] for r in mine), 1), "rounds": len(mine)}
-    out["trl_over_grpokit_seconds_per_step"] = round(
-        out["trl"]["median_seconds_per_step"] / out["grpokit"]["median_seconds_per_step"], 2)
+    for key in ("seconds", "cpu_seconds"):
+        out[f"trl_over_grpokit_{key}_per_step"] = round(
+            out["trl"][f"median_{key}_per_step"] / out["grpokit"][f"median_{key}_per_step"], 2)
     return out
 
 
@@ -233,17 +243,18 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="agents-vs-trl-") as tmp:
         work = Path(tmp)
         prepare(work / "model", a.sft_steps)
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         common = {"commit": _commit(), "cpu": _cpu(), "threads": 1, "core": a.core, "steps": a.steps,
-                  "seed": a.seed, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+                  "seed": a.seed, "date": now}
         rows = []
         for rnd in range(a.rounds):
             for side in ("trl", "grpokit"):
                 row = {"kind": "side", "side": side, "round": rnd, **common,
-                       **run_side(side, work / "model", a.steps, a.seed, a.core, work)}
+                       **run_side(side, rnd, work / "model", a.steps, a.seed, a.core, work)}
                 rows.append(row)
-                print(json.dumps({k: row[k] for k in ("side", "round", "seconds_per_step", "reward_per_step",
-                                                       "tool_calls_per_trajectory", "peak_rss_mb")}),
-                      flush=True)
+                shown = ("side", "round", "seconds_per_step", "cpu_seconds_per_step", "reward_per_step",
+                         "tool_calls_per_trajectory")
+                print(json.dumps({k: row[k] for k in shown}), flush=True)
         summary = {**compare(rows), **common,
                    "command": f"python benchmarks/agents_vs_trl.py --rounds {a.rounds} --steps {a.steps} "
                               f"--seed {a.seed} --core {a.core} --sft-steps {a.sft_steps}"}
