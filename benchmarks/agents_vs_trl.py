@@ -21,9 +21,10 @@ not recognise. grpokit reads the same `response_template`.
 Per side and round the program prints one JSON line: wall and CPU seconds per step (a TrainerCallback's
 time between step ends, the first step's from train begin; CPU time is the process's, less sensitive to
 other jobs on a shared core), reward and tool calls per step (log_history with logging_steps=1), peak
-RSS. Rows go to benchmarks/results/agents_vs_trl.jsonl (one per side per round, with the 1-minute load
-average when it started, then a compare row: medians over the steps after the first, pooled over
-rounds, and their ratios).
+RSS; the runner adds the CPU seconds of the whole run (the side's process and the children it reaped:
+imports, model loading, grpokit's math-verify worker). Rows go to benchmarks/results/agents_vs_trl.jsonl
+(one per side per round, with the 1-minute load average when it started, then a compare row: medians
+over the steps after the first, pooled over rounds, and their ratios).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -199,11 +201,15 @@ def run_side(side: str, rnd: int, model: Path, steps: int, seed: int, core: int,
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
            "PYTHONPATH": str(ROOT / "src")}
     load = Path("/proc/loadavg").read_text().split()[0]          # the machine is shared: how busy it was
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)     # the side's process and the children it reaped
+    tree_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{side} failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
     return {**json.loads(lines[-1][len("RESULT "):]), "loadavg_1min_at_start": float(load),
+            "process_tree_cpu_seconds": round(tree_cpu, 2),
             "command": f"OMP_NUM_THREADS=1 {' '.join(cmd)}"}
 
 
@@ -223,7 +229,11 @@ def compare(rows: list[dict]) -> dict:
                      "median_cpu_seconds_per_step": round(statistics.median(cpu), 3),
                      "mean_reward": round(statistics.fmean(rewards), 4),
                      "mean_tool_calls_per_trajectory": round(statistics.fmean(calls), 4) if calls else None,
-                     "peak_rss_mb": round(max(r["peak_rss_mb"] for r in mine), 1), "rounds": len(mine)}
+                     "peak_rss_mb": round(max(r["peak_rss_mb"] for r in mine), 1), "rounds": len(mine),
+                     "mean_train_wall_seconds": round(
+                         statistics.fmean(sum(r["seconds_per_step"]) for r in mine), 2),
+                     "mean_process_tree_cpu_seconds": round(
+                         statistics.fmean(r["process_tree_cpu_seconds"] for r in mine), 2)}
     for key in ("seconds", "cpu_seconds"):
         out[f"trl_over_grpokit_{key}_per_step"] = round(
             out["trl"][f"median_{key}_per_step"] / out["grpokit"][f"median_{key}_per_step"], 2)
