@@ -16,6 +16,7 @@ import itertools
 import pytest
 from agent_fixtures import agent_model, agent_tokenizer
 from conformance_helpers import SKIP, text_of, train_and_check, unique_letters
+from transformers import AutoTokenizer
 
 datasets = pytest.importorskip("datasets")
 
@@ -112,7 +113,8 @@ def counter_environment(prompts: str = "ABC", reward: bool = False):
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_train_with_tools(impl, agent, kind):
-    """Of 3 completions per prompt set, 2 call the tool and 1 of those calls fails (a wrong argument)."""
+    """Two of the three prompts make the model call the tool, one of them with a wrong argument name: 2/3
+    calls per trajectory, half of them failed (TRL's figures)."""
     trainer = impl.GRPOTrainer(
         model=agent, reward_funcs=conversation_length, args=impl.args(**AGENT_ARGS),
         train_dataset=chat_rows("Use it.", "Misuse it.", "Skip it."), processing_class=agent_tokenizer(),
@@ -345,8 +347,6 @@ def rollout_func_of(tokenizer, calls: list, keys=("prompt_ids", "completion_ids"
 def test_generate_prefers_rollout_func(impl, models, data):
     """rollout_func(prompts, trainer) replaces the generation: its completions are the ones scored, its
     extra keys reach the reward functions."""
-    from transformers import AutoTokenizer
-
     calls, seen = [], []
 
     def reward(completions, source, **kwargs):
@@ -364,8 +364,6 @@ def test_generate_prefers_rollout_func(impl, models, data):
 
 
 def test_generate_rollout_func_raises_when_required_keys_are_missing(impl, models, data):
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(models.qwen2)
     trainer = impl.GRPOTrainer(
         model=models.qwen2, reward_funcs=unique_letters, args=impl.args(), train_dataset=data.train,
