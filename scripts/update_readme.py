@@ -30,6 +30,7 @@ HEAD_START, HEAD_END = "<!-- headline:start -->", "<!-- headline:end -->"
 DEMO_START, DEMO_END = "<!-- demo-output:start -->", "<!-- demo-output:end -->"
 AGENTS_START, AGENTS_END = "<!-- agents-results:start -->", "<!-- agents-results:end -->"
 SEEDS_START, SEEDS_END = "<!-- demo-seeds:start -->", "<!-- demo-seeds:end -->"
+VS_TRL_START, VS_TRL_END = "<!-- agents-vs-trl:start -->", "<!-- agents-vs-trl:end -->"
 BENCH_START, BENCH_END = "<!-- bench-equal:start -->", "<!-- bench-equal:end -->"
 MEMORY_START, MEMORY_END = "<!-- memory-table:start -->", "<!-- memory-table:end -->"
 
@@ -186,12 +187,24 @@ def agents_rows() -> list[str]:
         "| agents: guess the number, higher / lower feedback (multi-turn, the same budget) | success "
         f"{_pct(guess[0][0][key])} -> {guess_txt}% ({len(guess)} seeds), turns "
         f"{guess[0][0]['turns_mean']:.2f} "
-        f"-> {turns} | [agents](docs/agents.md), `benchmarks/results/agents_guess_number_*` |"]
+        f"-> {turns} | [agents](docs/agents.md), `benchmarks/results/agents_guess_number_*` |",
+        agents_vs_trl_row()]
+
+
+def agents_vs_trl_row() -> str:
+    c = [r for r in _rows("agents_vs_trl.jsonl") if r.get("kind") == "compare"][-1]
+    return ("| one TRL agent program (a tool, G 4, B 4) on TRL 1.16 and on grpokit.trl, only the import "
+            "changed (tiny tool-calling model, one core) | "
+            f"{c['trl_over_grpokit_seconds_per_step']:.2f}x faster a step "
+            f"({c['trl_over_grpokit_cpu_seconds_per_step']:.2f}x in CPU seconds) | [agents](docs/agents.md), "
+            "`benchmarks/results/agents_vs_trl.jsonl` |")
 
 
 STATIC_ROWS = [
-    "| TRL conformance: the behaviours TRL's own GRPOTrainer tests check, on grpokit.trl and on TRL | 93 of "
-    "93 pass on grpokit.trl (TRL: 92, 1 skipped) | [coming from TRL](docs/coming_from_trl.md), "
+    "| TRL conformance: the behaviours TRL's own GRPOTrainer tests check, on grpokit.trl and on TRL | 108 of "
+    "108 pass on grpokit.trl (TRL: 107, 1 skipped), agents included; 33 skipped on both, each with its "
+    "reason | "
+    "[coming from TRL](docs/coming_from_trl.md), "
     "`tests/trl/conformance/` |",
     "| faults: a replaced, interrupted or doubled run | nothing lost: each fault, what happens, its test | "
     "[reliability](docs/reliability.md) |",
@@ -234,7 +247,28 @@ def render_readme(text: str) -> str:
     return _block(text, HEAD_START, HEAD_END, headline())
 
 
+def agents_vs_trl() -> str:
+    """docs/agents.md's side-by-side table: the last compare row of benchmarks/results/agents_vs_trl.jsonl."""
+    c = [r for r in _rows("agents_vs_trl.jsonl") if r.get("kind") == "compare"][-1]
+    t, g = c["trl"], c["grpokit"]
+    return "\n".join([
+        "| | TRL 1.16 | grpokit.trl | TRL / grpokit |", "|---|---|---|---|",
+        f"| seconds per step (wall) | {t['median_seconds_per_step']:.2f} | "
+        f"{g['median_seconds_per_step']:.2f} | {c['trl_over_grpokit_seconds_per_step']:.2f}x |",
+        f"| CPU seconds per step | {t['median_cpu_seconds_per_step']:.3f} | "
+        f"{g['median_cpu_seconds_per_step']:.3f} | {c['trl_over_grpokit_cpu_seconds_per_step']:.2f}x |",
+        f"| a whole run, CPU seconds (imports, model, {c['steps']} steps, children) | "
+        f"{t['mean_process_tree_cpu_seconds']:.1f} | {g['mean_process_tree_cpu_seconds']:.1f} | "
+        f"{t['mean_process_tree_cpu_seconds'] / g['mean_process_tree_cpu_seconds']:.2f}x |",
+        f"| reward per step (mean of {t['rounds'] * c['steps']} steps) | {t['mean_reward']:.3f} | "
+        f"{g['mean_reward']:.3f} | |",
+        f"| tool calls per trajectory (mean) | {t['mean_tool_calls_per_trajectory']:.2f} | "
+        f"{g['mean_tool_calls_per_trajectory']:.2f} | |",
+        f"| peak RSS | {t['peak_rss_mb']:.0f} MB | {g['peak_rss_mb']:.0f} MB | |"])
+
+
 def render_agents(text: str) -> str:
+    text = _block(text, VS_TRL_START, VS_TRL_END, agents_vs_trl())
     return _block(text, AGENTS_START, AGENTS_END, agents_results())
 
 

@@ -60,6 +60,24 @@ def test_a_tokenizer_response_template_reads_the_calls(monkeypatch):
     assert message["content"] == "ok" and requests[0].kwargs == {"a": 5}
 
 
+def test_a_parsed_call_without_a_name_is_read_as_plain_content(monkeypatch):
+    """parse_response reads `<tool_call>{"arguments": ...}</tool_call>` as a call with no name: TRL takes such
+    a turn as plain text (no tool round), and so does grpokit (before: a KeyError stopped the run)."""
+    tok = chat_tokenizer()
+    fmt = ChatFormat(tok, [tok.eos_token_id])
+    turn = tok('<tool_call>{"arguments": {"a": 3}}</tool_call><|im_end|>',
+               add_special_tokens=False)["input_ids"]
+
+    def parse_response(ids, prefix=None, tools=None):
+        nameless = {"type": "function", "function": {"arguments": {"a": 3}}}
+        return {"role": "assistant", "tool_calls": [nameless]}
+
+    monkeypatch.setattr(tok, "response_template", {"x": 1}, raising=False)   # this tokenizer object only
+    monkeypatch.setattr(tok, "parse_response", parse_response, raising=False)
+    message, requests = fmt.parse(turn, [1, 2], {})
+    assert requests == [] and message["content"] == '<tool_call>{"arguments": {"a": 3}}</tool_call>'
+
+
 def test_tools_render_into_the_prompt_and_completions_are_messages():
     model, tok = chat_caller()
     cfg = build_config(CFG)

@@ -81,6 +81,15 @@ class Agent:
         self.rollout_func, self.trainer = rollout_func, trainer
         self.reward_funcs = [(c.__name__, reward_function(c), 1.0)
                              for c in (self.pool.reward_classes if self.pool else [])]
+        self.environments: list | None = None     # the latest batch's, one per rollout (TRL's attribute)
+
+    def tool_functions(self) -> list[Callable]:
+        """The functions behind the tools: the standalone ones, then each environment's methods (of its
+        first instance), each once (TRL's trainer.tools)."""
+        out = [t.function for t in self.tools]
+        for envs in (self.pool.instances.values() if self.pool is not None else []):
+            out += [t.function for t in self.pool.tools_of(envs[0]) if t.function not in out]
+        return out
 
     def rng_state(self) -> list | None:
         return self.pool.rng_state() if self.pool is not None else None
@@ -122,6 +131,7 @@ class Agent:
             return rollout_from_func(self.rollout_func, self.trainer, rows, tokenizer, group_size,
                                      eos_token_ids(model, tokenizer))
         envs, observations = self._environments(rows, evaluation)
+        self.environments = envs
         prompts = [_with_observation(row["prompt"], obs) for row, obs in zip(rows, observations)]
         empty = [i for i, p in enumerate(prompts) if p == ""]
         if empty:

@@ -195,9 +195,19 @@ def _parse_response(tok, turn: list[int], prefix: list[int], schemas: list[dict]
             parsed = tok.parse_response(turn)
         if not isinstance(parsed, dict):
             raise ValueError("no message")
+        parsed["tool_calls"] = [_named_call(c) for c in parsed.get("tool_calls") or []]
         return parsed
     except (ValueError, TypeError, KeyError, AttributeError):
         return {"role": "assistant", "content": tok.decode(turn, skip_special_tokens=True)}
+
+
+def _named_call(call: Any) -> dict[str, Any]:
+    """A parsed call as {"type": "function", "function": {"name": str, "arguments": ...}}; a call without a
+    name is not a call (ValueError: the turn is read as plain content, as TRL does)."""
+    function = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ValueError("a tool call without a name")
+    return {"type": "function", "function": {**function, "arguments": function.get("arguments") or {}}}
 
 
 def template_is_prefix_preserving(tokenizer, kwargs: dict | None = None) -> bool:

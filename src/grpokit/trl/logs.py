@@ -31,7 +31,9 @@ STEP_NAMES = {"loss": "loss", "grad_norm": "grad_norm", "learning_rate": "learni
               "cispo_clip_ratio": "cispo_clip_ratio", "vespo/phi_seq_mean": "vespo/phi_seq_mean",
               "sampling/sampling_logp_difference/mean": "mismatch/abs_logprob_diff_mean",
               "sampling/sampling_logp_difference/max": "mismatch/abs_logprob_diff_max",
-              "sampling/importance_sampling_ratio/mean": "tis/mean_weight"}
+              "sampling/importance_sampling_ratio/mean": "tis/mean_weight",
+              "tools/call_frequency": "tools/call_frequency",
+              "tools/failure_frequency": "tools/failure_frequency"}
 CLIP_NAMES = {"clip_ratio/low_mean": "clip_ratio_low", "clip_ratio/high_mean": "clip_ratio_high",
               "clip_ratio/region_mean": "clip_ratio"}
 COMPLETION_NAMES = {"completions/mean_length": "completion_length_mean",

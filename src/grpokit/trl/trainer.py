@@ -24,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from grpokit.cli.main import describe
 from grpokit.config.schema import ConfigError, build_config
 from grpokit.config.schema import GRPOConfig as NestedConfig
@@ -200,6 +202,21 @@ class GRPOTrainer:
         """The entropy bonus' coefficient now (adaptive control moves it during training)."""
         ts = self._train_state
         return self.config.loss.entropy_coef if ts is None or ts.entropy_coef is None else ts.entropy_coef
+
+    @property
+    def reward_weights(self) -> torch.Tensor:
+        """TRL's weight of each reward function, in reward_funcs' order (an environment's get_reward: 1)."""
+        return torch.tensor([w for _, _, w in self.reward_triples], dtype=torch.float32)
+
+    @property
+    def tools(self) -> list:
+        """TRL's tools: the standalone functions and each environment's methods."""
+        return self.agent.tool_functions() if self.agent is not None else []
+
+    @property
+    def environments(self) -> list | None:
+        """The environment of each rollout of the latest batch (None without an environment_factory)."""
+        return self.agent.environments if self.agent is not None else None
 
     @property
     def aux_loss_enabled(self) -> bool:

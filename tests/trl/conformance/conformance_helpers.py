@@ -11,7 +11,6 @@ SKIP = {
     "bnb": "needs bitsandbytes",
     "vlm": "needs a VLM processor",
     "private": "checks a private TRL helper with no user-facing behaviour",
-    "agents": "agents: issue 44, merged separately",
 }
 
 
@@ -35,3 +34,13 @@ def snapshot(trainer) -> dict[str, torch.Tensor]:
 def unchanged(trainer, before: dict[str, torch.Tensor], skip=lambda name: False) -> list[str]:
     """The parameters that did not move (TRL's tests expect none, except those `skip` names)."""
     return [n for n, p in before.items() if not skip(n) and torch.equal(p, trainer.model.get_parameter(n))]
+
+
+def train_and_check(trainer, skip=lambda name: False):
+    """TRL's standard check: train, a final row with train_loss, every weight (but `skip`) changed."""
+    before = snapshot(trainer)
+    out = trainer.train()
+    assert trainer.state.log_history[-1]["train_loss"] is not None
+    assert out.training_loss == trainer.state.log_history[-1]["train_loss"]
+    assert unchanged(trainer, before, skip) == []
+    return trainer

@@ -1,7 +1,8 @@
 """TRL's GRPOTrainer cases that cannot run here, each skipped with its reason (conformance_helpers.SKIP):
 vLLM and the slow accelerator class need a GPU, the vision-language class a VLM processor, the Liger and
-bitsandbytes variants their packages; agent features (tools, environments, rollout_func) come with issue
-44; a few cases only exercise TRL internals (a mocked training_step, private forward helpers)."""
+bitsandbytes variants their packages; a few cases only exercise TRL internals (a mocked training_step,
+private forward helpers). The agent cases that cannot run (rollout_func's vLLM weight sync, a tool that
+returns an image) are skipped in test_agents.py."""
 
 from __future__ import annotations
 
@@ -65,29 +66,3 @@ def test_private_helper(case):
     """A mocked training_step's call list, _get_per_token_logps_and_entropies' requires_grad (the bonus'
     gradient is checked against TRL in tests/trl/test_trl_objectives.py), transformers' generation
     API contract, and the PEFT<0.20 reference-adapter workaround."""
-
-
-@pytest.mark.skip(reason=SKIP["agents"])
-@pytest.mark.parametrize(
-    "case",
-    [
-        "generate_prefers_rollout_func",
-        "rollout_func_syncs_vllm_weights",
-        "rollout_func_missing_keys",
-        "train_with_tools",
-        "tool_completion_idx",
-        "multiple_environments",
-        "unknown_environment_raises",
-        "environment_factory",
-        "environment_owned_reward",
-        "environment_reward_with_reward_funcs",
-        "environment_reward_mixed",
-        "environment_owned_data_requires_max_steps",
-        "multiple_environments_without_dataset",
-        "environment_owned_data",
-        "malformed_tool_calls",
-        "tools_multimodal_response",
-    ],
-)
-def test_agents(case):
-    """tools, environment_factory, rollout_func, max_tool_calling_iterations."""

@@ -7,17 +7,7 @@ import asyncio
 
 import pytest
 import torch
-from conformance_helpers import SKIP, length_reward, snapshot, unchanged, unique_letters
-
-
-def train_and_check(trainer, skip=lambda name: False):
-    """TRL's standard check: train, a final row with train_loss, every weight (but `skip`) changed."""
-    before = snapshot(trainer)
-    out = trainer.train()
-    assert trainer.state.log_history[-1]["train_loss"] is not None
-    assert out.training_loss == trainer.state.log_history[-1]["train_loss"]
-    assert unchanged(trainer, before, skip) == []
-    return trainer
+from conformance_helpers import SKIP, length_reward, snapshot, train_and_check, unchanged, unique_letters
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3_moe"])
