@@ -41,6 +41,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from grpokit.agents.formats import HERMES_TEMPLATE
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "agents_vs_trl.jsonl"
 IMPORTS = {"trl": "from trl import GRPOConfig, GRPOTrainer",
@@ -127,15 +129,6 @@ print("RESULT " + json.dumps({{
 }}))
 '''
 
-HERMES = (
-    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }} {% endfor %}<|im_end|>\n"
-    "{% endif %}{% for m in messages %}"
-    "{% if m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
-    "{% for c in m.tool_calls or [] %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
-    "{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
-    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def prepare(folder: Path, sft_steps: int) -> None:
@@ -150,7 +143,7 @@ def prepare(folder: Path, sft_steps: int) -> None:
     tok = build_char_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.eos_token = "<|im_end|>"
-    tok.chat_template = HERMES
+    tok.chat_template = HERMES_TEMPLATE
     schema = [{"type": "function", "function": {"name": "multiply"}}]
     rng = random.Random(1)                      # other products than the program's (seed 0)
     prompts, targets = [], []

@@ -17,16 +17,8 @@ from __future__ import annotations
 
 import torch
 
-HERMES = (
-    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }} {% endfor %}<|im_end|>\n"
-    "{% endif %}{% for m in messages %}"
-    "{% if m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
-    "{% for c in m.tool_calls or [] %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
-    "{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
-    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from grpokit.agents.formats import HERMES_TEMPLATE
+
 RESPONSE_TEMPLATE = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_start|>assistant\n",
@@ -65,7 +57,7 @@ def agent_tokenizer():
     tok = build_char_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.eos_token = "<|im_end|>"
-    tok.chat_template = HERMES
+    tok.chat_template = HERMES_TEMPLATE
     tok.response_template = RESPONSE_TEMPLATE
     return tok
 

@@ -11,6 +11,7 @@ each row of a batch its own completion.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 
 import pytest
@@ -303,24 +304,15 @@ def test_train_with_malformed_tool_calls(impl, agent):
     never runs, training goes on."""
     ran = []
 
-    def multiply_tool(a: int, b: int) -> int:
-        """
-        Multiplies two integers.
-
-        Args:
-            a: The first integer.
-            b: The second integer.
-
-        Returns:
-            The product of the two integers.
-        """
+    @functools.wraps(multiply_tool)          # the same name, schema and docstring, recording its calls
+    def recording_tool(a: int, b: int) -> int:
         ran.append((a, b))
         return a * b
 
     trainer = impl.GRPOTrainer(
         model=agent, reward_funcs=conversation_length, args=impl.args(**AGENT_ARGS),
         train_dataset=chat_rows("Break it.", "Break it.", "Break it."), processing_class=agent_tokenizer(),
-        tools=[multiply_tool])
+        tools=[recording_tool])
     train_and_check(trainer)
     assert ran == []
     assert last_row(trainer)["tools/call_frequency"] == 0
