@@ -5,6 +5,7 @@
     docs/demo.md            the demo's seeds and seed 0's output, from benchmarks/results/demo_seeds.jsonl
     docs/performance.md     grpokit against TRL at equal work, from bench_smollm2_equal_micro_batches.jsonl
     docs/memory.md          the peak-memory table and its ratios, from benchmarks/results/memory_table.jsonl
+    docs/real_model.md      SmolLM2's GSM8K baseline, from benchmarks/results/gsm8k_smollm2_baseline.jsonl
     README.md               the demo's output (seed 0's raw rows), the headline table and the agents
                             results, each figure computed from the raw rows under benchmarks/results/
                             that the table names
@@ -33,6 +34,7 @@ SEEDS_START, SEEDS_END = "<!-- demo-seeds:start -->", "<!-- demo-seeds:end -->"
 VS_TRL_START, VS_TRL_END = "<!-- agents-vs-trl:start -->", "<!-- agents-vs-trl:end -->"
 BENCH_START, BENCH_END = "<!-- bench-equal:start -->", "<!-- bench-equal:end -->"
 MEMORY_START, MEMORY_END = "<!-- memory-table:start -->", "<!-- memory-table:end -->"
+GSM8K_START, GSM8K_END = "<!-- gsm8k-baseline:start -->", "<!-- gsm8k-baseline:end -->"
 
 
 def render(text: str) -> str:
@@ -327,6 +329,23 @@ def render_memory(text: str) -> str:
     return _block(text, MEMORY_START, MEMORY_END, memory_table()) if MEMORY_START in text else text
 
 
+def gsm8k_baseline() -> str:
+    """docs/real_model.md's GSM8K starting point, from its one raw row."""
+    r = _rows("gsm8k_smollm2_baseline.jsonl")[-1]
+    return textwrap.fill(
+        f"The starting model on the first {int(r['num_problems'])} GSM8K test problems, greedy, "
+        f"re-measured {r['date']} into benchmarks/results/gsm8k_smollm2_baseline.jsonl "
+        f"(`{r['command']}`, {r['machine']}, {r['threads']} thread, commit {r['commit']}): accuracy "
+        f"{_pct(r['accuracy'])}, format rate {_pct(r['format_rate'])}. The runs' own 'before' figures in "
+        "the table differ from it and from each other: each run evaluated its start on the code and thread "
+        "count of its day, and which change moved them was not separated; read each run's after against "
+        "its own before.", width=105)
+
+
+def render_real_model(text: str) -> str:
+    return _block(text, GSM8K_START, GSM8K_END, gsm8k_baseline()) if GSM8K_START in text else text
+
+
 def render_performance(text: str) -> str:
     return _block(text, BENCH_START, BENCH_END, bench_table())
 
@@ -339,7 +358,8 @@ if __name__ == "__main__":
     page = ROOT / "docs" / "configuration.md"
     page.write_text(render(page.read_text(encoding="utf-8")), encoding="utf-8")
     for name, fn in (("agents.md", render_agents), ("demo.md", render_demo_page),
-                     ("performance.md", render_performance), ("memory.md", render_memory)):
+                     ("performance.md", render_performance), ("memory.md", render_memory),
+                     ("real_model.md", render_real_model)):
         doc = ROOT / "docs" / name
         doc.write_text(fn(doc.read_text(encoding="utf-8")), encoding="utf-8")
     readme = ROOT / "README.md"
