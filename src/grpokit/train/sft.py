@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 
 from grpokit.model.loading import tiny_random_model
+from grpokit.model.precision import autocast_for
 
 log = logging.getLogger("grpokit")
 TOOL_RESULT = re.compile(r"<tool_response>.*?</tool_response>", re.DOTALL)   # the plain format's results
@@ -40,12 +41,13 @@ DEMO_SHAPE = dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384, m
 DEFAULTS = dict(steps=800, stop_at=210, batch_size=128, learning_rate=2e-3, warmup_steps=30, seed=0)
 
 
-def encode_pairs(tokenizer, prompts: Sequence[str], targets: Sequence[str],
+def encode_pairs(tokenizer, prompts: Sequence[str | list[dict]], targets: Sequence[str],
                  mask_tool_results: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded prompt + target + EOS ids, attention mask and loss mask (targets and EOS only).
 
-    The prompt is tokenized exactly as `rollout.encode_prompts` does, so training sees the same
-    prompt tokens that sampling will condition on. mask_tool_results: tool-calling traces, whose
+    The prompt is tokenized exactly as `rollout.render_prompts` does (chat messages through the chat
+    template, then no added special tokens), so training sees the same prompt tokens that sampling will
+    condition on. mask_tool_results: tool-calling traces, whose
     <tool_response>...</tool_response> text is the environment's (attended, not trained: as in GRPO).
 
     Returns:
@@ -54,7 +56,11 @@ def encode_pairs(tokenizer, prompts: Sequence[str], targets: Sequence[str],
     """
     rows, spans, skip = [], [], []
     for prompt, target in zip(prompts, targets):
-        p = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        if isinstance(prompt, list):   # chat messages: the template's text, its special tokens already in
+            text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            p = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            p = tokenizer(prompt, add_special_tokens=True)["input_ids"]
         enc = tokenizer(target, add_special_tokens=False, return_offsets_mapping=mask_tool_results)
         t = enc["input_ids"] + [tokenizer.eos_token_id]
         rows.append(p + t)
@@ -111,7 +117,8 @@ def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int,
         batch, order = [examples[i] for i in order[:batch_size]], order[batch_size:]
         ids, att, mask = encode_pairs(tokenizer, [ex.prompt for ex in batch],
                                       [ex.columns["solution"] for ex in batch], mask_tool_results)
-        loss = sft_loss(model, ids, att, mask)
+        with autocast_for(model):   # model.precision=bf16: bf16 matmuls, fp32 weights and AdamW state
+            loss = sft_loss(model, ids, att, mask)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
