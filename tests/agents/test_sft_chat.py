@@ -4,11 +4,14 @@ traces from chat prompts; the plain format when a BPE token runs past </tool_cal
 
 from __future__ import annotations
 
+import json
+
 import torch
 from agent_models import chat_tokenizer, plain_trace
 
 from grpokit.agents.builtin import demonstrations
 from grpokit.agents.formats import PlainFormat
+from grpokit.cli.main import main as cli_main
 from grpokit.model.loading import tiny_random_model
 from grpokit.model.precision import set_compute_dtype
 from grpokit.rollout.groups import render_prompts
@@ -76,3 +79,14 @@ def test_a_token_past_the_call_close_ends_the_turn_and_is_not_repeated():
     spaced = tok("<tool_call>multiply(12,34)</tool_call> ", add_special_tokens=False)["input_ids"]
     # an overhang that does not start <tool_response> stays the model's text, the result follows whole
     assert tok.decode(spaced + fmt.render(result, spaced)).endswith("> <tool_response>408</tool_response>")
+
+
+def test_sft_cli_from_a_model_records_it_and_not_the_demo_shape(tmp_path):
+    out = tmp_path / "warm"
+    argv = ["sft", "configs/agents_calculator.yaml", "--init", "builtin:arith-demo", "--traces", "calculator",
+            "--num-traces", "8", "--batch-size", "4", "--steps", "2", "--eval-limit", "0", "--threads", "1",
+            "--out", str(out)]
+    assert cli_main(argv) == 0
+    report = json.loads((out / "sft_report.json").read_text())
+    assert report["shape"] is None and report["recipe"]["init"] == "builtin:arith-demo"
+    assert [row["step"] for row in report["log"]] == [2] and (out / "config.json").is_file()

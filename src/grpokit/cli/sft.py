@@ -82,7 +82,8 @@ def _warm_up(args: argparse.Namespace, cfg: GRPOConfig, out: Path) -> int:
         train = demonstrations(args.traces, train, args.num_traces, args.seed, cfg.task.trace_answer_prefix)
     rows = train_sft(model, tokenizer, train, args.steps, args.batch_size, args.learning_rate,
                      args.warmup_steps, args.seed, stop_at=args.stop_at, mask_tool_results=bool(args.traces))
-    report: dict[str, Any] = {"recipe": {k: getattr(args, k) for k in DEFAULTS}, "shape": DEMO_SHAPE,
+    report: dict[str, Any] = {"recipe": {k: getattr(args, k) for k in DEFAULTS},
+                              "shape": None if args.init else DEMO_SHAPE,   # --init: the model's own
                               "parameters": n_params, "log": rows}
     if args.eval_limit:
         result = evaluate(model, tokenizer, load_examples(cfg.task, cfg.task.eval_split), cfg,

@@ -100,7 +100,8 @@ def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int,
 
     Batches are drawn by a seeded shuffle of the examples (reshuffled every epoch). The learning rate
     warms up linearly for `warmup_steps`, then decays linearly to 0 at `steps`; training stops after
-    `stop_at` of those steps (default: all), which is how the demo model is kept imperfect.
+    `stop_at` of those steps (default: all; a stop_at past `steps` stops at `steps`: the rate is 0 there),
+    which is how the demo model is kept imperfect.
     """
     rng = random.Random(seed)
     order: list[int] = []
@@ -109,7 +110,8 @@ def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int,
                                               else max(0.0, (steps - s) / max(1, steps - warmup_steps)))
     model.train()
     rows, start = [], time.perf_counter()
-    for step in range(1, (stop_at or steps) + 1):
+    last = min(stop_at or steps, steps)
+    for step in range(1, last + 1):
         if len(order) < batch_size:
             extra = list(range(len(examples)))
             rng.shuffle(extra)
@@ -124,7 +126,7 @@ def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int,
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        if step % log_every == 0 or step == (stop_at or steps):
+        if step % log_every == 0 or step == last:
             rows.append({"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0],
                          "seconds": time.perf_counter() - start})
             log.info("sft step %d loss=%.4f lr=%.2e (%.0fs)", step, rows[-1]["loss"], rows[-1]["lr"],
