@@ -3,17 +3,20 @@
     python benchmarks/agents_demo.py run calculator --seeds 0 1 2           # with the tool (~13 min each)
     python benchmarks/agents_demo.py run calculator --seeds 0 1 2 --no-tool # the same model, no tool
     python benchmarks/agents_demo.py run guess_number --seeds 0 1 2
+    python benchmarks/agents_demo.py run calculator_smollm2                 # SmolLM2-135M, 60 min (~80 min)
     python benchmarks/agents_demo.py report                                 # tables + docs/agents_*.png
 
 Each run is `grpokit train configs/agents_<name>.yaml run.seed=S` pinned to one core
-(`OMP_NUM_THREADS=1 taskset -c 1`), training for run.max_minutes=10 (evaluations off the clock); its
-eval.jsonl and metrics.jsonl are copied to benchmarks/results/agents_<name>[_notool]_seed<S>_*.jsonl with
-the run's wall time, and `report` reads only those files.
+(`OMP_NUM_THREADS=1 taskset -c 1`), training for its config's run.max_minutes (10; SmolLM2's 60),
+evaluations off the clock; its eval.jsonl and metrics.jsonl are copied to
+benchmarks/results/agents_<name>[_notool]_seed<S>_*.jsonl with the run's wall time, command, commit, CPU
+and date (_wall.json), and `report` reads only those files.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
@@ -45,8 +48,19 @@ def run(name: str, seed: int, tool: bool, core: int) -> None:
     tag = _tag(name, tool, seed)
     for kind in ("eval", "metrics"):
         shutil.copy(out / f"{kind}.jsonl", RESULTS / f"{tag}_{kind}.jsonl")
-    wall_row = {"wall_seconds": round(wall, 1), "core": core}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    shown = ["python" if c == sys.executable else c.replace(f"{ROOT}/", "") for c in cmd]
+    wall_row = {"wall_seconds": round(wall, 1), "core": core,
+                "command": "OMP_NUM_THREADS=1 " + " ".join(shown), "commit": commit.strip(),
+                "cpu": _cpu_model(),
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     (RESULTS / f"{tag}_wall.json").write_text(json.dumps(wall_row) + "\n")
+
+
+def _cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -64,9 +78,11 @@ def _runs(name: str, tool: bool) -> list[tuple[int, list[dict], list[dict], floa
 
 
 def table(name: str, key: str, label: str) -> str:
-    """One markdown row per run: the key before and after, turns, tool calls, steps, train and wall time."""
+    """One markdown row per run: the key before and after, turns and tool calls per trajectory before and
+    after, steps, train and wall time."""
     lines = [f"| run | seed | {label} before | {label} after | change | turns before -> after | "
-             "tool calls -> | steps | training s | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "tool calls before -> after | steps | training s | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for tool in (True, False):
         for seed, evals, metrics, wall in _runs(name, tool):
             b = next(r for r in evals if r["tag"] == "before")
@@ -75,11 +91,12 @@ def table(name: str, key: str, label: str) -> str:
             turns = f"{b.get('turns_mean', 1):.2f} -> {a.get('turns_mean', 1):.2f}"
             lines.append(f"| {'tool' if tool else 'no tool'} | {seed} | {100 * b[key]:.1f}% | "
                          f"{100 * a[key]:.1f}% | {100 * (a[key] - b[key]):+.1f} pt | {turns} | "
-                         f"{a.get('tool_calls_mean', 0):.2f} | {a['step']} | {trained:.0f} | {wall:.0f} |")
+                         f"{b.get('tool_calls_mean', 0):.2f} -> {a.get('tool_calls_mean', 0):.2f} | "
+                         f"{a['step']} | {trained:.0f} | {wall:.0f} |")
     return "\n".join(lines)
 
 
-def figure(name: str, key: str, label: str) -> Path:
+def figure(name: str, key: str, label: str, minutes: int = 10) -> Path:
     """The key of every evaluation against the training step, one line per run."""
     import matplotlib
     matplotlib.use("Agg")
@@ -90,7 +107,7 @@ def figure(name: str, key: str, label: str) -> Path:
         for seed, evals, _, _ in _runs(name, tool):
             ax.plot([r["step"] for r in evals], [100 * r[key] for r in evals], style, marker="o", ms=3,
                     label=f"{'tool' if tool else 'no tool'}, seed {seed}")
-    ax.set_xlabel("GRPO step (10 minutes of training, one core)")
+    ax.set_xlabel(f"GRPO step ({minutes} minutes of training, one core)")
     ax.set_ylabel(f"held-out {label} (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
@@ -105,7 +122,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     r = sub.add_parser("run")
-    r.add_argument("name", choices=["calculator", "guess_number"])
+    r.add_argument("name", choices=["calculator", "guess_number", "calculator_smollm2"])
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
     r.add_argument("--no-tool", action="store_true", help="the same config without the environment")
     r.add_argument("--core", type=int, default=1)
@@ -115,10 +132,12 @@ def main() -> int:
         for seed in args.seeds:
             run(args.name, seed, not args.no_tool, args.core)
         return 0
-    for name, key, label in (("calculator", "accuracy", "accuracy"),
-                             ("guess_number", "rewards/GuessNumber", "success")):
+    for name, key, label, minutes in (("calculator", "accuracy", "accuracy", 10),
+                                      ("guess_number", "rewards/GuessNumber", "success", 10),
+                                      ("calculator_smollm2", "accuracy", "accuracy", 60)):
         if _runs(name, True):
-            print(f"## {name}\n\n{table(name, key, label)}\n\nfigure: {figure(name, key, label)}\n")
+            path = figure(name, key, label, minutes)
+            print(f"## {name}\n\n{table(name, key, label)}\n\nfigure: {path}\n")
     return 0
 
 

@@ -32,6 +32,7 @@ DEMO_START, DEMO_END = "<!-- demo-output:start -->", "<!-- demo-output:end -->"
 AGENTS_START, AGENTS_END = "<!-- agents-results:start -->", "<!-- agents-results:end -->"
 SEEDS_START, SEEDS_END = "<!-- demo-seeds:start -->", "<!-- demo-seeds:end -->"
 VS_TRL_START, VS_TRL_END = "<!-- agents-vs-trl:start -->", "<!-- agents-vs-trl:end -->"
+SMOL_START, SMOL_END = "<!-- agents-smollm2:start -->", "<!-- agents-smollm2:end -->"
 BENCH_START, BENCH_END = "<!-- bench-equal:start -->", "<!-- bench-equal:end -->"
 MEMORY_START, MEMORY_END = "<!-- memory-table:start -->", "<!-- memory-table:end -->"
 GSM8K_START, GSM8K_END = "<!-- gsm8k-baseline:start -->", "<!-- gsm8k-baseline:end -->"
@@ -190,7 +191,18 @@ def agents_rows() -> list[str]:
         f"{_pct(guess[0][0][key])} -> {guess_txt}% ({len(guess)} seeds), turns "
         f"{guess[0][0]['turns_mean']:.2f} "
         f"-> {turns} | [agents](docs/agents.md), `benchmarks/results/agents_guess_number_*` |",
-        agents_vs_trl_row()]
+        smollm2_calculator_row(), agents_vs_trl_row()]
+
+
+def smollm2_calculator_row() -> str:
+    rows = {r["tag"]: r for r in _rows("agents_calculator_smollm2_seed0_eval.jsonl")}
+    b, a = rows["before"], rows["after"]
+    train_s = sum(r.get("time/step", 0.0) for r in _rows("agents_calculator_smollm2_seed0_metrics.jsonl"))
+    return ("| agents: SmolLM2-135M-Instruct with the calculator, 3-digit products (5-step sft warm start, "
+            f"{train_s / 60:.0f} min of GRPO on one core, seed 0) | {_pct(b['accuracy'])} -> "
+            f"{_pct(a['accuracy'])} held-out, tool calls per problem {b['tool_calls_mean']:.2f} -> "
+            f"{a['tool_calls_mean']:.2f} ({a['step']} steps) | [agents](docs/agents.md), "
+            "`benchmarks/results/agents_calculator_smollm2_*` |")
 
 
 def agents_vs_trl_row() -> str:
@@ -269,7 +281,18 @@ def agents_vs_trl() -> str:
         f"| peak RSS | {t['peak_rss_mb']:.0f} MB | {g['peak_rss_mb']:.0f} MB | |"])
 
 
+def agents_smollm2() -> str:
+    """docs/agents.md's SmolLM2 calculator table: every evaluation of its raw rows."""
+    lines = ["| evaluation | step | accuracy | tool calls per problem | turns | truncated |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['tag']} | {r['step']} | {_pct(r['accuracy'])} | {r['tool_calls_mean']:.2f} | "
+              f"{r['turns_mean']:.2f} | {r['frac_truncated']:.2f} |"
+              for r in _rows("agents_calculator_smollm2_seed0_eval.jsonl")]
+    return "\n".join(lines)
+
+
 def render_agents(text: str) -> str:
+    text = _block(text, SMOL_START, SMOL_END, agents_smollm2())
     text = _block(text, VS_TRL_START, VS_TRL_END, agents_vs_trl())
     return _block(text, AGENTS_START, AGENTS_END, agents_results())
 

@@ -86,6 +86,8 @@ CASES = [
     ("micro-batch-not-dividing", args("optim.micro_batch_size=3"), "optim.micro_batch_size (3) must divide"),
     ("epsilon-high-below-low", args("loss.epsilon_high=0.1"),
      "loss.epsilon_high (0.1) must be >= loss.epsilon (0.2)"),
+    ("few-shot-traces-without-few-shot", args("task.few_shot_traces=calculator"),
+     "task.few_shot_traces needs task.name=arithmetic and task.few_shot > 0"),
     ("unknown-preset", args("preset=dapx"), "unknown preset 'dapx' (did you mean 'dapo'?)"),
     ("negative-save-limit", args("run.save_total_limit=-1"), "run.save_total_limit must be >= 0, got -1"),
     ("reward-weight-not-number", args("reward.funcs={rule: lots}"),

@@ -112,6 +112,19 @@ def test_few_shot_is_deterministic_and_never_the_question():
         load_examples(_small(few_shot=400), "test")
 
 
+def test_few_shot_traces_solve_the_examples_with_the_calculator():
+    cfg = _small(operators="*", few_shot=2, few_shot_traces="calculator", chat_template=True)
+    ex = load_examples(cfg, "test")[0]
+    assert [m["role"] for m in ex.prompt] == ["user", "assistant", "user", "assistant", "user"]
+    for question, answer in (ex.prompt[0:2], ex.prompt[2:4]):
+        a, b = map(int, re.fullmatch(r"What is (\d+)\*(\d+)\?", question["content"]).groups())
+        assert answer["content"] == (f"<tool_call>multiply({a},{b})</tool_call>"
+                                     f"<tool_response>{a * b}</tool_response>\\boxed{{{a * b}}}")
+    shots = load_examples(_small(operators="*", few_shot=2), "test")[0].prompt.split("\n\n")
+    # the same examples and question as without traces (those solved in the head)
+    assert [m["content"] for m in ex.prompt[::2]] == [d.split("\n")[0] for d in shots[:-1]] + [shots[-1]]
+
+
 def test_chat_messages_and_prompt_text():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast

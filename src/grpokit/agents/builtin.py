@@ -19,10 +19,10 @@ search beats: within 4 guesses it finds 60% of secrets, binary search all).
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Sequence
 
 from grpokit.agents.formats import CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN
+from grpokit.tasks.arithmetic import calculator_trace
 from grpokit.tasks.base import Example
 
 
@@ -98,15 +98,6 @@ def _turn(call: str, result: object) -> str:
     return f"{CALL_OPEN}{call}{CALL_CLOSE}{RESPONSE_OPEN}{result}{RESPONSE_CLOSE}"
 
 
-def calculator_trace(question: str) -> str:
-    """'What is 123*456?' -> the call, its result and the boxed answer."""
-    found = re.fullmatch(r"What is (\d+)\*(\d+)\?", question.strip())
-    if found is None:
-        raise ValueError(f"not a product question: {question!r:.60}")
-    a, b = map(int, found.groups())
-    return _turn(f"multiply({a},{b})", a * b) + f"\\boxed{{{a * b}}}"
-
-
 def guess_trace(rng: random.Random, env: GuessNumber, max_guesses: int) -> tuple[str, str] | None:
     """(prompt, guesses until 'yes') of the uniform consistent searcher; None past max_guesses."""
     prompt = env.reset(secret=rng.randint(env.low, env.high))
@@ -121,12 +112,15 @@ def guess_trace(rng: random.Random, env: GuessNumber, max_guesses: int) -> tuple
     return None
 
 
-def demonstrations(name: str, examples: Sequence[Example], n: int, seed: int) -> list[Example]:
-    """n traces (Examples whose 'solution' column is the trace) for a supervised warm start."""
+def demonstrations(name: str, examples: Sequence[Example], n: int, seed: int,
+                   answer_prefix: str = "") -> list[Example]:
+    """n traces (Examples whose 'solution' column is the trace) for a supervised warm start (calculator:
+    `answer_prefix` between the result and the boxed answer, task.trace_answer_prefix)."""
     rng = random.Random(seed)
     if name == "calculator":
         picked = rng.sample(list(examples), min(n, len(examples)))
-        return [Example(ex.prompt, ex.answer, {**ex.columns, "solution": calculator_trace(str(ex.prompt))})
+        return [Example(ex.prompt, ex.answer, {**ex.columns,
+                                               "solution": calculator_trace(ex.prompt, answer_prefix)})
                 for ex in picked]
     if name == "guess_number":
         env, out = GuessNumber(), []

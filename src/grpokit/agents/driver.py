@@ -55,7 +55,7 @@ class ToolDriver:
     def after_token(self, row0: int, rows: list[int], column: int,
                     tokens: torch.Tensor) -> tuple[dict[int, list[int]], list[int]]:
         """See `grpokit.rollout.turns.TurnDriver.after_token`."""
-        ended, pending = [], []                                          # pending: (row, turn, requests)
+        ended, pending = [], []                               # pending: (row, turn, requests, ids)
         for r in rows:
             g = row0 + r
             turn_ids = tokens[r, self._start[g]:column + 1].tolist()
@@ -70,13 +70,13 @@ class ToolDriver:
             elif self.max_iterations is not None and self._rounds[g] >= self.max_iterations:
                 ended.append(self._end(g, "iterations", column + 1, r))
             else:
-                pending.append((r, turn, requests))
-        calls = run_calls([q for _, _, reqs in pending for q in reqs], self.timeout, self.max_chars)
+                pending.append((r, turn, requests, turn_ids))
+        calls = run_calls([q for _, _, reqs, _ in pending for q in reqs], self.timeout, self.max_chars)
         feed, i = {}, 0
-        for r, turn, requests in pending:
+        for r, turn, requests, turn_ids in pending:
             g = row0 + r
             turn.calls, i = calls[i:i + len(requests)], i + len(requests)
-            env = self.fmt.render(turn.calls)
+            env = self.fmt.render(turn.calls, turn_ids)
             if column + 1 + len(env) >= self.max_new_tokens:   # results plus one model token must fit
                 ended.append(self._end(g, "budget", column + 1, r))
                 continue

@@ -118,9 +118,11 @@ class PlainFormat:
         self.stop_ids = torch.tensor(sorted(self.eos_ids | set(_vocab_with(tokenizer, CALL_CLOSE[-1]))))
 
     def turn_ended(self, turn: list[int]) -> bool:
+        """At EOS, or at the token that completes </tool_call> (a BPE token may carry text past it, as
+        SmolLM2's '><': that overhang stays the model's, see `render`)."""
         if turn[-1] in self.eos_ids:
             return True
-        return self.tokenizer.decode(turn[-24:], skip_special_tokens=False).rstrip().endswith(CALL_CLOSE)
+        return CALL_CLOSE in self.tokenizer.decode(turn[-24:], skip_special_tokens=False)
 
     def parse(self, turn: list[int], prefix: list[int], tools: dict[str, Tool]):
         """(the turn as a chat message, its call requests: none when it ended at EOS)."""
@@ -135,8 +137,15 @@ class PlainFormat:
             requests = [CallRequest(None, (), {}, error=f"{CALL_CLOSE} without {CALL_OPEN}")]
         return _message(text, requests), requests
 
-    def render(self, calls: list[ToolCall]) -> list[int]:
+    def render(self, calls: list[ToolCall], turn: list[int] | None = None) -> list[int]:
+        """The results' tokens. When the turn's last token ran past </tool_call> into the start of
+        <tool_response> (e.g. '><'), that start is not inserted again: the text reads as one result."""
         text = "".join(f"{RESPONSE_OPEN}{c.result}{RESPONSE_CLOSE}" for c in calls)
+        if turn:
+            tail = self.tokenizer.decode(turn[-24:], skip_special_tokens=False)
+            overhang = tail[tail.rfind(CALL_CLOSE) + len(CALL_CLOSE):] if CALL_CLOSE in tail else ""
+            if overhang and text.startswith(overhang):
+                text = text[len(overhang):]
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -171,7 +180,7 @@ class ChatFormat:
         content = _BLOCK.sub("", text).strip()
         return _message(content, requests), requests
 
-    def render(self, calls: list[ToolCall]) -> list[int]:
+    def render(self, calls: list[ToolCall], turn: list[int] | None = None) -> list[int]:
         """The template's tool messages after an assistant turn that called (tokens after its EOS)."""
         dummy = [{"role": "user", "content": "x"},
                  {"role": "assistant", "content": "",

@@ -27,6 +27,7 @@ from grpokit.config.schema import GRPOConfig
 from grpokit.config.sections import ModelConfig
 from grpokit.errors import check_out_dir
 from grpokit.model.loading import DEMO_CHECKPOINT, build_char_tokenizer, load_model_and_tokenizer
+from grpokit.model.precision import apply_precision
 from grpokit.tasks import load_examples
 from grpokit.train.checkpoint import written_aside
 from grpokit.train.evaluate import evaluate
@@ -72,15 +73,17 @@ def _warm_up(args: argparse.Namespace, cfg: GRPOConfig, out: Path) -> int:
     else:
         tokenizer = build_char_tokenizer()
         model = build_demo_model(tokenizer, args.seed)
+    apply_precision(model, cfg)   # the config's model.precision (auto: fp32 for the demo's small models)
     n_params = sum(t.numel() for t in model.parameters())
     log.info("sft: %.2f M parameters, %d steps of %d on task %s", n_params / 1e6, args.steps,
              args.batch_size, cfg.task.name)
     train = load_examples(cfg.task, cfg.task.train_split)
     if args.traces:
-        train = demonstrations(args.traces, train, args.num_traces, args.seed)
+        train = demonstrations(args.traces, train, args.num_traces, args.seed, cfg.task.trace_answer_prefix)
     rows = train_sft(model, tokenizer, train, args.steps, args.batch_size, args.learning_rate,
                      args.warmup_steps, args.seed, stop_at=args.stop_at, mask_tool_results=bool(args.traces))
-    report: dict[str, Any] = {"recipe": {k: getattr(args, k) for k in DEFAULTS}, "shape": DEMO_SHAPE,
+    report: dict[str, Any] = {"recipe": {k: getattr(args, k) for k in DEFAULTS},
+                              "shape": None if args.init else DEMO_SHAPE,   # --init: the model's own
                               "parameters": n_params, "log": rows}
     if args.eval_limit:
         result = evaluate(model, tokenizer, load_examples(cfg.task, cfg.task.eval_split), cfg,

@@ -105,6 +105,11 @@ class TaskConfig:
                                    r1="<think>...</think> then the answer")
     instruction: bool = _f(False, "append an instruction to put the final answer in \\boxed{}")
     few_shot: int = _f(0, "solved train examples prepended to each prompt")
+    few_shot_traces: str | None = _f(None, "calculator: the few-shot examples are solved with the calculator "
+                                     "tool (the traces `grpokit sft --traces calculator` trains on)")
+    trace_answer_prefix: str = _f("", "calculator traces (few_shot_traces, `grpokit sft --traces`): text "
+                                  "between </tool_response> and \\boxed{} (a space keeps a BPE tokenizer "
+                                  "from merging '>\\')")
 
 
 @dataclass

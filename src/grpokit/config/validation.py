@@ -247,6 +247,10 @@ def _check_reward_model_task(cfg: GRPOConfig) -> None:
     _check(bool(t.operators) and set(t.operators) <= set("+-*"),
            f"task.operators must be a non-empty subset of '+-*', got {t.operators!r}")
     _check(t.few_shot >= 0, f"task.few_shot must be >= 0, got {t.few_shot}")
+    _check(t.few_shot_traces in (None, "calculator"),
+           f"task.few_shot_traces must be calculator or null, got {t.few_shot_traces!r}")
+    _check(t.few_shot_traces is None or (t.few_shot > 0 and t.name == "arithmetic"),
+           "task.few_shot_traces needs task.name=arithmetic and task.few_shot > 0 (the examples it writes)")
     _check(t.num_train >= 1 and t.num_eval >= 0, "task.num_train must be >= 1 and task.num_eval >= 0")
 
 

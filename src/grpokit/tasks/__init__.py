@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpokit.config.schema import TaskConfig
-from grpokit.tasks.arithmetic import arithmetic_problems
+from grpokit.tasks.arithmetic import arithmetic_problems, calculator_trace
 from grpokit.tasks.base import Example, Problem, TaskError
 from grpokit.tasks.files import LOADERS
 from grpokit.tasks.hf import hf_examples
@@ -65,8 +65,13 @@ def _instruction(task: TaskConfig) -> str | None:
     return BOXED_INSTRUCTION if task.instruction else None
 
 
-def _solution(problem: Problem, fmt: str) -> str:
-    """A demonstration's answer in the format the policy is asked for."""
+def _solution(problem: Problem, task: TaskConfig) -> str:
+    """A demonstration's answer in the format the policy is asked for (task.few_shot_traces=calculator:
+    solved with the calculator tool, `<tool_call>multiply(a,b)</tool_call><tool_response>c</tool_response>`
+    then task.trace_answer_prefix and `\\boxed{c}`)."""
+    if task.few_shot_traces == "calculator":
+        return calculator_trace(str(problem.question), task.trace_answer_prefix)
+    fmt = task.format
     box = f"\\boxed{{{problem.answer}}}"
     if fmt == "r1":
         return f"<think>{problem.reasoning or 'The answer follows.'}</think> {box}"
@@ -98,10 +103,10 @@ def _prompt(task: TaskConfig, problem: Problem, demos: list[Problem]) -> str | l
         messages = [{"role": "system", "content": task.system_prompt}] if task.system_prompt else []
         for demo in demos:
             messages += [{"role": "user", "content": str(demo.question)},
-                         {"role": "assistant", "content": _solution(demo, task.format)}]
+                         {"role": "assistant", "content": _solution(demo, task)}]
         return messages + [{"role": "user", "content": question}]
     parts = [task.system_prompt] if task.system_prompt else []
-    parts += [f"{demo.question}\n{_solution(demo, task.format)}" for demo in demos]
+    parts += [f"{demo.question}\n{_solution(demo, task)}" for demo in demos]
     return "\n\n".join(parts + [question])
 
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import re
 
+from grpokit.agents.formats import CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN
 from grpokit.tasks.base import Problem, TaskError
 
 logger = logging.getLogger(__name__)
@@ -90,3 +92,18 @@ def arithmetic_problems(digits: int, terms: int, operators: str, num_train: int,
         return tuple(_problem(*_decode(i, low, count, terms, ops)) for i in indices)
 
     return build(train), build(held_out)
+
+
+def calculator_trace(prompt: str | list[dict], answer_prefix: str = "") -> str:
+    """'What is 123*456?' -> the call, its result, `answer_prefix` and the boxed answer. The question is the
+    prompt's last one (chat messages: the last message's), so a system prompt or examples before it are
+    allowed. A BPE tokenizer merges '>' with a following '\\' ('</tool_response>\\boxed' ends in '>\\'),
+    which the inserted result, tokenized alone, never ends in: a prefix starting with a space or a letter
+    keeps the trace's tokens those of a rollout."""
+    text = prompt if isinstance(prompt, str) else str(prompt[-1]["content"])
+    found = re.findall(r"What is (\d+)\*(\d+)\?", text)
+    if not found:
+        raise ValueError(f"not a product question: {text!r:.60}")
+    a, b = map(int, found[-1])
+    return (f"{CALL_OPEN}multiply({a},{b}){CALL_CLOSE}{RESPONSE_OPEN}{a * b}{RESPONSE_CLOSE}"
+            f"{answer_prefix}\\boxed{{{a * b}}}")

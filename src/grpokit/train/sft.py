@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 
 from grpokit.model.loading import tiny_random_model
+from grpokit.model.precision import autocast_for
 
 log = logging.getLogger("grpokit")
 TOOL_RESULT = re.compile(r"<tool_response>.*?</tool_response>", re.DOTALL)   # the plain format's results
@@ -40,12 +41,13 @@ DEMO_SHAPE = dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384, m
 DEFAULTS = dict(steps=800, stop_at=210, batch_size=128, learning_rate=2e-3, warmup_steps=30, seed=0)
 
 
-def encode_pairs(tokenizer, prompts: Sequence[str], targets: Sequence[str],
+def encode_pairs(tokenizer, prompts: Sequence[str | list[dict]], targets: Sequence[str],
                  mask_tool_results: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded prompt + target + EOS ids, attention mask and loss mask (targets and EOS only).
 
-    The prompt is tokenized exactly as `rollout.encode_prompts` does, so training sees the same
-    prompt tokens that sampling will condition on. mask_tool_results: tool-calling traces, whose
+    The prompt is tokenized exactly as `rollout.render_prompts` does (chat messages through the chat
+    template, then no added special tokens), so training sees the same prompt tokens that sampling will
+    condition on. mask_tool_results: tool-calling traces, whose
     <tool_response>...</tool_response> text is the environment's (attended, not trained: as in GRPO).
 
     Returns:
@@ -54,7 +56,11 @@ def encode_pairs(tokenizer, prompts: Sequence[str], targets: Sequence[str],
     """
     rows, spans, skip = [], [], []
     for prompt, target in zip(prompts, targets):
-        p = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        if isinstance(prompt, list):   # chat messages: the template's text, its special tokens already in
+            text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            p = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            p = tokenizer(prompt, add_special_tokens=True)["input_ids"]
         enc = tokenizer(target, add_special_tokens=False, return_offsets_mapping=mask_tool_results)
         t = enc["input_ids"] + [tokenizer.eos_token_id]
         rows.append(p + t)
@@ -94,7 +100,8 @@ def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int,
 
     Batches are drawn by a seeded shuffle of the examples (reshuffled every epoch). The learning rate
     warms up linearly for `warmup_steps`, then decays linearly to 0 at `steps`; training stops after
-    `stop_at` of those steps (default: all), which is how the demo model is kept imperfect.
+    `stop_at` of those steps (default: all; a stop_at past `steps` stops at `steps`: the rate is 0 there),
+    which is how the demo model is kept imperfect.
     """
     rng = random.Random(seed)
     order: list[int] = []
@@ -103,7 +110,8 @@ def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int,
                                               else max(0.0, (steps - s) / max(1, steps - warmup_steps)))
     model.train()
     rows, start = [], time.perf_counter()
-    for step in range(1, (stop_at or steps) + 1):
+    last = min(stop_at or steps, steps)
+    for step in range(1, last + 1):
         if len(order) < batch_size:
             extra = list(range(len(examples)))
             rng.shuffle(extra)
@@ -111,13 +119,14 @@ def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int,
         batch, order = [examples[i] for i in order[:batch_size]], order[batch_size:]
         ids, att, mask = encode_pairs(tokenizer, [ex.prompt for ex in batch],
                                       [ex.columns["solution"] for ex in batch], mask_tool_results)
-        loss = sft_loss(model, ids, att, mask)
+        with autocast_for(model):   # model.precision=bf16: bf16 matmuls, fp32 weights and AdamW state
+            loss = sft_loss(model, ids, att, mask)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        if step % log_every == 0 or step == (stop_at or steps):
+        if step % log_every == 0 or step == last:
             rows.append({"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0],
                          "seconds": time.perf_counter() - start})
             log.info("sft step %d loss=%.4f lr=%.2e (%.0fs)", step, rows[-1]["loss"], rows[-1]["lr"],
