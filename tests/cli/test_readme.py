@@ -42,7 +42,9 @@ def test_the_agents_tables_come_from_their_raw_rows():
 def test_the_demo_and_performance_tables_come_from_their_raw_rows():
     mod = _generator()
     for name, start, render in (("demo.md", mod.SEEDS_START, mod.render_demo_page),
-                                ("performance.md", mod.BENCH_START, mod.render_performance)):
+                                ("performance.md", mod.BENCH_START, mod.render_performance),
+                                ("memory.md", mod.MEMORY_START, mod.render_memory),
+                                ("real_model.md", mod.GSM8K_START, mod.render_real_model)):
         page = (ROOT / "docs" / name).read_text(encoding="utf-8")
         assert start in page, f"docs/{name} has lost its markers"
         assert render(page) == page, "run: python scripts/update_readme.py"

@@ -105,6 +105,14 @@ CONTEXT: list[Context] = [
     Context("docs/agents.md", "tools=[multiply]",
             "from trl.rewards import accuracy_reward\n" + _CHAT_ROWS,
             "TRL's accuracy_reward and a dataset of products, as the page's prose describes"),
+    Context("docs/search.md", "search_evaluate(model",
+            "from grpokit.cli.main import demo_config\n"
+            "from grpokit.model.loading import load_model_and_tokenizer\n"
+            "from grpokit.tasks import load_examples\n"
+            "cfg = demo_config({'rollout.max_completion_length': 24, 'run.output_dir': 'runs/search-api'})\n"
+            "model, tokenizer = load_model_and_tokenizer(cfg.model, seed=0)\n"
+            "examples = load_examples(cfg.task, cfg.task.eval_split)[:2]\n",
+            "the demo's model, config and two held-out problems, as the page's measured rows use"),
     Context("docs/reward_models.md", "load_reward_model(",
             "from grpokit.cli.main import demo_config\n"
             "from grpokit.rewards.rm_train import init_reward_model\n"
@@ -178,6 +186,14 @@ SKIPS: list[tuple[str, str]] = [
     (r"^python scripts/experiments\.py\b", "a whole experiment (hours of sweeps) or its figures redrawn "
                                             "into docs/: `grpokit sweep --dry-run` below runs"),
     (r"^grpokit sweep (?!.*--dry-run)", "runs a grid of full training runs (hours); --dry-run runs"),
+    (r"^python benchmarks/agents_demo\.py run\b", "trains a demonstration for 10-60 minutes (its raw rows "
+                                                  "are the page's generated tables)"),
+    (r"grpokit train configs/agents_calculator_smollm2\.yaml", "needs the SmolLM2 warm start that the "
+                                                               "config's sft command builds, then an hour"),
+    (r"^python benchmarks/search_demo\.py\b", "run: trains two reward models and evaluates every "
+                                              "method (~30 min); table / plot: its raw rows, redrawn"),
+    (r"^grpokit eval .*--search .*--(rm|prm) runs/", "needs a reward model trained by `grpokit rm train` "
+                                                    "first (minutes); the `--prm steps` lines run"),
 ]
 SMOLLM2_REASON = (f"SmolLM2-135M steps take seconds each on one core: model.name_or_path={STANDIN_MODEL} "
                   "appended")
