@@ -111,21 +111,16 @@ def _save(model, tok, folder):
     return str(folder)
 
 
+def _tiny_shape(tok) -> dict:   # the shape every tiny fixture model shares
+    return dict(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, pad_token_id=tok.pad_token_id)
+
+
 def _causal(kind: str, tok, **extra):
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3MoeConfig
 
-    common = dict(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+    common = dict(_tiny_shape(tok), max_position_embeddings=128, bos_token_id=tok.bos_token_id,
+                  eos_token_id=tok.eos_token_id)
     config = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig}[kind](
         **common, **extra
     )
@@ -148,16 +143,7 @@ def _eos_logit(tok, weight: float):
 def _reward_model(tok, kind: str = "qwen2"):
     from transformers import AutoModelForSequenceClassification, LlamaConfig, Qwen2Config
 
-    config = (Qwen2Config if kind == "qwen2" else LlamaConfig)(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_labels=1,
-        pad_token_id=tok.pad_token_id,
-    )
+    config = (Qwen2Config if kind == "qwen2" else LlamaConfig)(**_tiny_shape(tok), num_labels=1)
     torch.manual_seed(1)
     return AutoModelForSequenceClassification.from_config(config)
 
