@@ -89,9 +89,16 @@ def _all_keys() -> dict[str, str]:
     return {**dotted, **{k: v[0] for k, v in bare.items() if len(v) == 1}}
 
 
+# dotted groups inside a section: `rollout.async.max_staleness` is the field rollout.async_max_staleness
+SUBSECTIONS = {"rollout.async": "rollout.async_"}
+
+
 def _resolve_key(key: str) -> str:
     if key == "preset":
         return key
+    for group, prefix in SUBSECTIONS.items():
+        if key.startswith(group + "."):
+            key = prefix + key[len(group) + 1:]
     keys = _all_keys()
     if key in keys:
         return keys[key]
@@ -181,6 +188,8 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         full = f"{prefix}{key}"
         if isinstance(value, dict) and not prefix and key in SECTIONS:
             out.update(_flatten(value, prefix=f"{key}."))
+        elif isinstance(value, dict) and f"{prefix}{key}" in SUBSECTIONS:   # rollout: {async: {...}}
+            out.update({f"{full}.{k}": v for k, v in value.items()})
         else:
             out[full] = value
     return out

@@ -161,6 +161,19 @@ class RolloutConfig:
     vllm_enforce_eager: bool | str = _f("auto", "backend=vllm colocate: no torch.compile / CUDA graphs: auto "
                                         "(eager on CPU, where compiling costs ~2 min at start; compiled on "
                                         "GPU) | true | false")
+    # asynchronous generation (grpokit.train.async_rollouts), also spelled rollout.async.<name>
+    async_max_staleness: int | None = _f(None, "async: K, how many policy versions a batch may lag the "
+                                         "trainer; a rollout worker samples up to K batches ahead while the "
+                                         "trainer updates. None = synchronous (no worker); 0 = a worker, "
+                                         "strictly on-policy (no overlap: the synchronous numbers)")
+    async_weight_sync_steps: int = _f(1, "async: N, weights pushed to the worker every N steps "
+                                      "(1 <= N <= K + 1)")
+    async_worker_threads: int = _f(0, "async: the worker's torch threads, pinned to the last cores the "
+                                   "trainer may use; the trainer keeps the rest for the run (0 = half)")
+    async_max_restarts: int = _f(2, "async: a worker that dies or hangs is restarted this many times "
+                                 "(the run's numbers unchanged), then the run stops with one line")
+    async_heartbeat_stale_after_s: float = _f(600.0, "async: seconds without a batch from a busy worker "
+                                              "before it counts as hung")
 
 
 @dataclass

@@ -110,6 +110,30 @@ def _check_vllm(cfg: GRPOConfig) -> None:
            "rollout.backend=vllm on CPU has no float16 kernels: set model.dtype=float32 or bfloat16")
 
 
+def _check_async(cfg: GRPOConfig) -> None:
+    """rollout.async.* (grpokit.train.async_rollouts): the schedule's bounds and what a worker cannot do."""
+    r, K = cfg.rollout, cfg.rollout.async_max_staleness
+    _check(r.async_worker_threads >= 0, f"rollout.async.worker_threads must be >= 0 (0 = half the cores), "
+           f"got {r.async_worker_threads}")
+    _check(r.async_max_restarts >= 0, f"rollout.async.max_restarts must be >= 0, got {r.async_max_restarts}")
+    _check(r.async_heartbeat_stale_after_s > 0, "rollout.async.heartbeat_stale_after_s must be > 0, got "
+           f"{r.async_heartbeat_stale_after_s}")
+    if K is None:
+        return
+    _check(K >= 0, f"rollout.async.max_staleness must be >= 0 (or none for synchronous runs), got {K}")
+    N = r.async_weight_sync_steps
+    _check(1 <= N <= K + 1, f"rollout.async.weight_sync_steps={N} must be between 1 and max_staleness + 1 = "
+           f"{K + 1} (a batch may lag at most K versions): lower it or raise rollout.async.max_staleness")
+    refused = {"rollout.dynamic_sampling": (r.dynamic_sampling, "resamples inside the step"),
+               "rollout.tools / rollout.environment": (bool(r.tools or r.environment),
+                                                       "tool loops run in the trainer's process"),
+               "rollout.backend=vllm": (r.backend == "vllm", "the worker runs grpokit's own sampler"),
+               "loss.algorithm=ppo": (cfg.loss.algorithm == "ppo", "the critic baseline is synchronous"),
+               "run.iterations": (bool(cfg.run.iterations), "Algorithm 1 relabels the step's own samples")}
+    for key, (on, why) in refused.items():
+        _check(not on, f"rollout.async.max_staleness with {key}: not supported ({why}): drop one of them")
+
+
 def _check_agents(cfg: GRPOConfig) -> None:
     """rollout.tools / rollout.environment (grpokit.agents): the tool loop's limits and what it needs."""
     r = cfg.rollout
@@ -283,8 +307,8 @@ def _check_reward_models(cfg: GRPOConfig) -> None:
 
 def validate(cfg: GRPOConfig) -> None:
     """Every check; each failure is one line naming the field and the fix."""
-    for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_agents, _check_loss,
-                  _check_optim_and_run, _check_reward_model_task, _check_reward_models):
+    for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_async, _check_agents,
+                  _check_loss, _check_optim_and_run, _check_reward_model_task, _check_reward_models):
         check(cfg)
 
 

@@ -49,6 +49,7 @@ class Rollout:
     # completion token was sampled (one turn: the same as completion_mask)
     model_mask: torch.Tensor | None = None
     trajectories: list[Trajectory] | None = None  # N records (turns, tool calls, stop); None: one turn
+    policy_lag: int = 0   # rollout.async: policy versions between the sampling weights and the trainer's
 
     @property
     def loss_mask(self) -> torch.Tensor:
@@ -80,7 +81,7 @@ class Rollout:
         return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
                        self.completion_mask[idx], self.group_ids[idx], [self.completions[i] for i in pick],
                        [self.prompts[i] for i in pick], self.truncated[idx], self.group_size, lp, model,
-                       trajectories)
+                       trajectories, self.policy_lag)
 
 
 def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:

@@ -11,6 +11,8 @@ Layout of run.output_dir (see docs/reliability.md):
         reward_model.safetensors, reward_loop.pt
                                run.iterations > 0 only: the learned RM, its optimizer, generator,
                                iteration counter, replay pool (grpokit.train.iterative)
+        async_rollouts.pt      rollout.async only: the batches sampled ahead, the worker's RNG
+                               (grpokit.train.async_rollouts)
         manifest.json          size and sha256 of every file above; written last
     latest                     name of the newest complete checkpoint; rewritten last
 
@@ -149,6 +151,8 @@ def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None
     (tmp / "config.json").write_text(json.dumps(state.cfg.to_dict(), indent=2))
     if getattr(state, "reward_loop", None) is not None:  # Algorithm 1: the RM, its optimizer, the replay pool
         state.reward_loop.save(tmp)
+    if getattr(state, "async_rollouts", None) is not None:  # rollout.async: the batches sampled ahead
+        state.async_rollouts.save(tmp)
     paths = sorted(p for p in tmp.rglob("*") if p.is_file())
     files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in paths}
     (tmp / MANIFEST).write_text(json.dumps({"format": 1, "step": state.step, "files": files}, indent=2))

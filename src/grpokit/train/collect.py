@@ -43,6 +43,12 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
                                     truncate_prompt=r.truncate_prompt, backend=r.backend,
                                     generation_batch_size=r.generation_batch_size,
                                     chat_template_kwargs=cfg.task.chat_template_kwargs)
+    return score_batch(state, examples, rollout, env_extra, timer)
+
+
+def score_batch(state: TrainState, examples: list, rollout, env_extra: dict[str, Any], timer: PhaseTimer):
+    """[B] the rewards of a sampled batch: (rollout, reward batch, correctness [N] or None)."""
+    cfg, r = state.cfg, state.cfg.rollout
     with timer("reward"):
         columns = _reward_columns(examples, r.num_generations)
         ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
@@ -66,6 +72,10 @@ def collect_batch(state: TrainState, timer: PhaseTimer):
     are all equal are dropped and new prompts sampled, at most `max_resample_rounds` extra rounds."""
     cfg = state.cfg
     B, G = cfg.rollout.prompts_per_step // state.dist.world_size, cfg.rollout.num_generations  # this rank's B
+    if state.async_rollouts is not None:   # rollout.async: the worker sampled it, up to K versions ago
+        with timer("generate"):            # the wait for the batch (async/wait_s: the same)
+            rollout, examples, info = state.async_rollouts.next(state)
+        return (*score_batch(state, examples, rollout, {}, timer), info)
     rollout, scores, correct = generate_and_score(state, state.stream.take(B), timer)
     info: dict[str, float] = {}
     if not cfg.rollout.dynamic_sampling:

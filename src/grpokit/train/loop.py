@@ -28,6 +28,7 @@ from grpokit.observe.tracking import Tracker
 from grpokit.rewards.scoring import build_reward_funcs
 from grpokit.tasks import TaskError, load_examples
 from grpokit.train import checkpoint
+from grpokit.train.async_rollouts import AsyncRollouts
 from grpokit.train.callbacks import Observers, TrainHooks
 from grpokit.train.data import PromptStream
 from grpokit.train.distributed import Distributed, Silent
@@ -94,8 +95,10 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     # Algorithm 1: trains the rm: reward in place
     loop = RewardLoop(cfg, funcs) if cfg.run.iterations else None
     stream = dist.shard_stream(PromptStream(train, cfg.run.seed, shuffle=cfg.task.shuffle))
+    # rollout.async: a worker process samples ahead (started at the first step, after any resume)
+    worker = AsyncRollouts(cfg) if cfg.rollout.async_max_staleness is not None else None
     return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs, stream, evals, critic=critic,
-                      dist=dist, reward_loop=loop, agent=agent)
+                      dist=dist, reward_loop=loop, agent=agent, async_rollouts=worker)
 
 
 def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
@@ -183,6 +186,8 @@ def _train(cfg: GRPOConfig, dist: Distributed, guard: RunGuard, model, tokenizer
         bar.close()
         tracker.finish()
         loggers.close()
+        if state.async_rollouts is not None:   # the worker stops; the trainer's cores come back
+            state.async_rollouts.close()
     writer.close()
     save_final(state, out_dir / "final")
     events.train_end(state)

@@ -43,7 +43,8 @@ HARMLESS_KEYS = frozenset({
     "run.save_total_limit", "run.resume", "run.overwrite", "run.report_to", "run.log_completions_steps",
     "run.track_prompts", "run.max_bad_steps", "run.progress", "run.output_dir", "task.eval_split",
     "model.device", "model.gradient_checkpointing", "optim.micro_batch_size", "rollout.generation_batch_size",
-    "rollout.reuse_activations", "run.save_on_interrupt",
+    "rollout.reuse_activations", "run.save_on_interrupt", "rollout.async_worker_threads",
+    "rollout.async_max_restarts", "rollout.async_heartbeat_stale_after_s",
 })
 
 
@@ -141,6 +142,8 @@ def load_trainer_state(state, folder: Path, *, optimizer: bool = True) -> dict[s
     set_rng_state(ranks[dist.rank] if dist is not None and len(ranks) == dist.world_size > 1 else blob["rng"])
     if getattr(state, "reward_loop", None) is not None:
         state.reward_loop.load(folder)
+    if getattr(state, "async_rollouts", None) is not None:   # the batches the worker had sampled ahead
+        state.async_rollouts.load(folder, state.stream)
     if getattr(state, "agent", None) is not None:   # the environments' random states
         state.agent.set_rng_state(blob.get("env_rng"))
     return blob

@@ -50,6 +50,8 @@ class TrainState:
     # rollout.tools / rollout.environment (or TRL's tools, environment_factory, rollout_func):
     # a grpokit.agents.agent.Agent that samples multi-turn rollouts; None: one turn per completion
     agent: Any = None
+    # rollout.async.max_staleness set: grpokit.train.async_rollouts.AsyncRollouts (the rollout worker)
+    async_rollouts: Any = None
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:

@@ -94,11 +94,17 @@ def bonus_enabled(cfg: GRPOConfig) -> bool:
     return cfg.loss.entropy_coef != 0.0 or cfg.loss.use_adaptive_entropy
 
 
+def off_sampler(cfg: GRPOConfig, rollout: Rollout) -> bool:
+    """The tokens were sampled by another engine (vLLM) or by older weights (rollout.async, lag > 0),
+    with their log-probs kept: the update corrects for the gap (truncated / masked IS)."""
+    return rollout.sampling_logprobs is not None and (cfg.rollout.backend == "vllm" or rollout.policy_lag > 0)
+
+
 def _sampler_weights(state: TrainState, rollout: Rollout, rows, new_lp, old_lp, m, T: int, first: bool):
     """The sampler correction of one micro-batch: (IS weights or None, their metrics, the sampler's
-    log-probs or None). Only when another engine (vLLM) sampled the tokens."""
+    log-probs or None). Only when another engine (vLLM) or older weights (rollout.async) sampled it."""
     cfg, lo = state.cfg, state.cfg.loss
-    if not (cfg.rollout.backend == "vllm" and rollout.sampling_logprobs is not None):
+    if not off_sampler(cfg, rollout):
         return None, {}, None
     base = new_lp.detach() if old_lp is None else old_lp[rows, :T]        # pi_old (the trainer)
     sampled = rollout.sampling_logprobs[rows, :T].to(base.device)
@@ -175,7 +181,7 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
         suffix = "" if it == 0 else f"/iter{it}"
         out.update(_step_figures(state, sums, num_tokens, num_seqs, suffix))
         out["grad_norm" + suffix] = grad_norm
-    if cfg.rollout.backend == "vllm" and rollout.sampling_logprobs is not None:
+    if off_sampler(cfg, rollout):
         out["mismatch/abs_logprob_diff_max"] = float(dist.gather(mismatch_max.view(1)).max())
     return out
 

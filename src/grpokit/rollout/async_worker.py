@@ -1,0 +1,126 @@
+"""The rollout worker of asynchronous GRPO: a process of its own that samples groups with the weights
+it was sent, while the trainer updates (the schedule and the trainer's side: grpokit.train.async_rollouts).
+
+Protocol, in order on one command queue (so a batch is always sampled with the weights sent before it):
+
+    ("weights", version, state_dict)    load these weights (CPU tensors in shared memory)
+    ("sample", batch, version, prompts) sample G completions per prompt, with the weights of `version`
+    ("stop",)                           end the process
+
+and on the result queue, one message per batch, in order:
+
+    ("ready",)                                                 started (sent once)
+    ("rollout", batch, version, payload, rng_after, seconds)   payload: `rollout_payload` bytes
+    ("error", batch, message)                                  a sampling error (the run stops on it)
+
+The worker draws from its own torch RNG, seeded with the state the trainer hands over at start (a fresh
+run: the trainer's own, so a worker that samples every batch on-policy gives the synchronous run's
+draws), and returns its RNG state after every batch: the trainer keeps it for checkpoints and restarts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import multiprocessing
+import os
+import queue
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpokit import fast
+from grpokit.model.logprobs import per_token_logprobs
+from grpokit.model.precision import autocast_for
+from grpokit.rollout.groups import Rollout, sample_groups
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker process starts with: the policy (a CPU copy), its tokenizer and sampling options."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    sample_kwargs: dict[str, Any]    # sample_groups' keywords (group_size, max_new_tokens, temperature, ...)
+    rng_state: torch.Tensor          # the torch RNG state to start drawing from
+    version: int                     # the policy version of `model`'s weights
+    threads: int = 1                 # torch threads in the worker
+    cpus: list[int] = field(default_factory=list)   # cores to pin the worker to ([]: not pinned)
+    delay_s: float = 0.0             # tests only: sleep before each batch (a slow worker)
+
+
+def rollout_payload(rollout: Rollout) -> bytes:
+    """A Rollout as bytes (torch.save of its fields): small, and independent of shared-memory lifetimes."""
+    buf = io.BytesIO()
+    torch.save(rollout_fields(rollout), buf)
+    return buf.getvalue()
+
+
+def rollout_fields(rollout: Rollout) -> dict[str, Any]:
+    """The Rollout's fields as plain tensors, lists and numbers (loadable with weights_only=True)."""
+    if rollout.trajectories is not None:
+        raise ValueError("asynchronous rollouts are single-turn: this rollout has trajectories")
+    return {f.name: getattr(rollout, f.name) for f in dataclasses.fields(rollout) if f.name != "trajectories"}
+
+
+def rollout_from(payload: bytes | dict[str, Any]) -> Rollout:
+    """The Rollout `rollout_payload` (bytes) or `rollout_fields` (a dict) describes."""
+    fields = torch.load(io.BytesIO(payload), weights_only=True) if isinstance(payload, bytes) else payload
+    return Rollout(**fields)
+
+
+def sample_batch(model: torch.nn.Module, tokenizer, prompts: list, kw: dict[str, Any]) -> Rollout:
+    """One batch the way the synchronous step samples it (the fast sampler inside grpokit.fast's switch),
+    with the sampling log-probs: the sampler's own, or one forward pass when the backend has none."""
+    with fast.accelerated(model, None):
+        rollout = sample_groups(model, tokenizer, prompts, **kw)
+    if rollout.sampling_logprobs is None:   # backend=generate: the log-probs of the sampled tokens
+        with torch.no_grad(), autocast_for(model):
+            lp = per_token_logprobs(model, rollout.input_ids, rollout.attention_mask,
+                                    rollout.completion_ids.shape[1], temperature=kw.get("temperature", 1.0))
+        rollout.sampling_logprobs = lp.float() * rollout.completion_mask
+    return rollout
+
+
+def worker_main(spec: WorkerSpec, commands, results) -> None:
+    """The worker process: follow the commands until "stop" (see the module docstring)."""
+    batch = -1
+    try:
+        torch.set_num_threads(max(1, spec.threads))
+        if spec.cpus and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, spec.cpus)
+        torch.set_rng_state(spec.rng_state)
+        model, version = spec.model, spec.version
+        results.put(("ready",))
+        parent = multiprocessing.parent_process()
+        while True:
+            try:
+                msg = commands.get(timeout=1.0)
+            except queue.Empty:
+                if parent is not None and not parent.is_alive():   # the trainer was killed: end too
+                    return
+                continue
+            if msg[0] == "stop":
+                return
+            if msg[0] == "weights":
+                model.load_state_dict(msg[2])
+                version = msg[1]
+                continue
+            _, batch, want, prompts = msg
+            if want != version:
+                raise RuntimeError(f"batch {batch} wants policy version {want}; the worker holds {version}")
+            if spec.delay_s:
+                time.sleep(spec.delay_s)
+            start = time.perf_counter()
+            rollout = sample_batch(model, spec.tokenizer, prompts, spec.sample_kwargs)
+            results.put(("rollout", batch, version, rollout_payload(rollout), torch.get_rng_state(),
+                         time.perf_counter() - start))
+    except KeyboardInterrupt:
+        return
+    except Exception as e:   # the trainer stops the run with this line
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        results.put(("error", batch, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                                     f"({os.path.basename(where.filename)}:{where.lineno})"))
