@@ -221,3 +221,80 @@ def test_async_settings_that_cannot_work_are_refused_in_one_line(over, needle, t
     with pytest.raises(ConfigError) as err:
         tiny(tmp_path, **over)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+class RecordingEngine:
+    """A vLLM stand-in behind `grpokit vllm-serve`'s HTTP server: seeded random tokens, log-probs from
+    the weights it was last sent, and a fingerprint of those weights at every generate call."""
+
+    def __init__(self, model, eos_id: int):
+        self.model, self.eos_id = model, eos_id
+        self.seen: list[tuple[int, float]] = []    # (seed, fingerprint of the weights held)
+
+    def generate(self, prompt_ids, spec):
+        from grpokit.model.logprobs import per_token_logprobs
+        from grpokit.rollout.vllm_backend import Sample
+
+        self.seen.append((spec.seed, fingerprint(self.model.state_dict())))
+        g = torch.Generator().manual_seed(spec.seed)
+        out = []
+        for ids in prompt_ids:
+            group = []
+            for _ in range(spec.n):
+                n = int(torch.randint(1, spec.max_tokens + 1, (1,), generator=g))
+                toks = torch.randint(10, 60, (n,), generator=g).tolist()[:-1] + [self.eos_id]
+                full = torch.tensor([list(ids) + toks])
+                with torch.no_grad():
+                    lp = per_token_logprobs(self.model, full, torch.ones_like(full), len(toks))[0]
+                group.append(Sample(toks, lp.tolist()))
+            out.append(group)
+        return out
+
+    def load_weights(self, weights):
+        self.model.load_state_dict(dict(weights), strict=False)
+
+    def sleep(self):
+        pass
+
+    def wake_up(self):
+        pass
+
+
+def fingerprint(weights: dict) -> float:
+    return float(sum(t.double().sum() * (i + 1) for i, t in enumerate(weights.values())))
+
+
+def test_server_mode_the_worker_drives_the_server_with_the_weights_of_the_schedule(tmp_path):
+    import copy
+    import threading
+
+    from grpokit.cli.vllm_serve import make_server
+    from grpokit.model.loading import load_model_and_tokenizer
+
+    K, N = 2, 2
+    cfg = tiny(tmp_path, K, N, **{"rollout.backend": "vllm", "rollout.vllm_mode": "server",
+                                  "run.max_steps": 6, "run.save_steps": 3})
+    model, tok = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
+    versions = {0: fingerprint(model.state_dict())}
+    engine = RecordingEngine(copy.deepcopy(model), tok.eos_token_id)
+    server = make_server(engine, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        train_grpo(tiny(tmp_path, K, N, **{"rollout.backend": "vllm", "rollout.vllm_mode": "server",
+                                           "rollout.vllm_server_base_url": url, "run.max_steps": 6,
+                                           "run.save_steps": 3}),
+                   model, tok, hooks={"after_step": lambda s, m: versions.__setitem__(
+                       s.step, fingerprint(s.model.state_dict()))})
+    finally:
+        server.shutdown()
+        server.server_close()
+    ar = AsyncRollouts(cfg)
+    # batches 0..5 plus the K sampled ahead of the end; each one with the weights of version w(b)
+    assert [seed for seed, _ in engine.seen] == [(cfg.run.seed * 1_000_003 + b) % (2**31 - 1)
+                                                  for b in range(len(engine.seen))]
+    assert len(engine.seen) >= 6
+    for b, (_, held) in enumerate(engine.seen[:6]):
+        assert held == pytest.approx(versions[ar.version_for(b)], rel=1e-9), b
+    rows = read_metrics(tmp_path)
+    assert [r["async/policy_lag"] for r in rows] == [float(b - ar.version_for(b)) for b in range(6)]

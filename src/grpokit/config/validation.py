@@ -127,7 +127,8 @@ def _check_async(cfg: GRPOConfig) -> None:
     refused = {"rollout.dynamic_sampling": (r.dynamic_sampling, "resamples inside the step"),
                "rollout.tools / rollout.environment": (bool(r.tools or r.environment),
                                                        "tool loops run in the trainer's process"),
-               "rollout.backend=vllm": (r.backend == "vllm", "the worker runs grpokit's own sampler"),
+               "rollout.vllm_mode=colocate": (r.backend == "vllm" and r.vllm_mode == "colocate",
+                                              "the engine shares the trainer's process: use server mode"),
                "loss.algorithm=ppo": (cfg.loss.algorithm == "ppo", "the critic baseline is synchronous"),
                "run.iterations": (bool(cfg.run.iterations), "Algorithm 1 relabels the step's own samples")}
     for key, (on, why) in refused.items():

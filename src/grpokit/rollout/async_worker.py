@@ -1,5 +1,7 @@
 """The rollout worker of asynchronous GRPO: a process of its own that samples groups with the weights
 it was sent, while the trainer updates (the schedule and the trainer's side: grpokit.train.async_rollouts).
+With rollout.backend=vllm in server mode the worker is a thread of the trainer that drives the server
+(`grpokit vllm-serve`, on this machine or another): weights pushed over HTTP, the server samples.
 
 Protocol, in order on one command queue (so a batch is always sampled with the weights sent before it):
 
@@ -25,6 +27,7 @@ import io
 import multiprocessing
 import os
 import queue
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -36,20 +39,85 @@ from grpokit import fast
 from grpokit.model.logprobs import per_token_logprobs
 from grpokit.model.precision import autocast_for
 from grpokit.rollout.groups import Rollout, sample_groups
+from grpokit.rollout.vllm_backend import ServerEngine, engine_rollout
 
 
 @dataclass
 class WorkerSpec:
-    """What a worker process starts with: the policy (a CPU copy), its tokenizer and sampling options."""
+    """What a worker starts with: the policy (a CPU copy) or a vLLM server, the tokenizer, the options."""
 
-    model: torch.nn.Module
+    model: torch.nn.Module | None    # the worker process's own copy (None: a server samples)
     tokenizer: Any
     sample_kwargs: dict[str, Any]    # sample_groups' keywords (group_size, max_new_tokens, temperature, ...)
-    rng_state: torch.Tensor          # the torch RNG state to start drawing from
-    version: int                     # the policy version of `model`'s weights
-    threads: int = 1                 # torch threads in the worker
-    cpus: list[int] = field(default_factory=list)   # cores to pin the worker to ([]: not pinned)
+    rng_state: torch.Tensor | None   # the torch RNG state to start drawing from (a process worker)
+    version: int                     # the policy version the worker holds at start
+    threads: int = 1                 # torch threads in the worker process
+    cpus: list[int] = field(default_factory=list)   # cores to pin the worker process to ([]: not pinned)
     delay_s: float = 0.0             # tests only: sleep before each batch (a slow worker)
+    server_url: str | None = None    # rollout.backend=vllm server: the `grpokit vllm-serve` to drive
+    cfg: Any = None                  # server: the run's config (prompt rendering, sampling, seed)
+    eos_ids: list[int] = field(default_factory=list)   # server: the tokens that end a completion
+
+
+class _ModelSampler:
+    """A worker process: its own copy of the policy, grpokit's sampler, its own RNG."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        torch.set_num_threads(max(1, spec.threads))
+        if spec.cpus and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, spec.cpus)
+        torch.set_rng_state(spec.rng_state)
+        self.model, self.spec = spec.model, spec
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(weights)
+
+    def sample(self, batch: int, prompts: list) -> tuple[Rollout, torch.Tensor | None]:
+        rollout = sample_batch(self.model, self.spec.tokenizer, prompts, self.spec.sample_kwargs)
+        return rollout, torch.get_rng_state()
+
+
+class _ServerSampler:
+    """A thread of the trainer that drives a vLLM server: weights pushed over HTTP, one seed per batch
+    (from run.seed and the batch index: reproducible as far as the engine is)."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.engine, self.spec = ServerEngine(spec.server_url), spec
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        self.engine.load_weights(weights.items())
+
+    def sample(self, batch: int, prompts: list) -> tuple[Rollout, torch.Tensor | None]:
+        seed = (self.spec.cfg.run.seed * 1_000_003 + batch) % (2**31 - 1)
+        return engine_rollout(self.engine, self.spec.tokenizer, prompts, self.spec.cfg, self.spec.eos_ids,
+                              seed), None
+
+
+class ThreadWorker:
+    """rollout.backend=vllm server: the worker is a thread (the server does the sampling), with the
+    process interface the trainer uses (start, is_alive, exitcode, join, kill)."""
+
+    def __init__(self, spec: WorkerSpec, commands: queue.Queue, results: queue.Queue) -> None:
+        self.exitcode: int | None = None
+        self.commands = commands
+        self.thread = threading.Thread(target=self._run, args=(spec, commands, results), daemon=True,
+                                       name="grpokit-rollout-worker")
+
+    def _run(self, spec, commands, results) -> None:
+        worker_main(spec, commands, results)
+        self.exitcode = 0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+
+    def kill(self) -> None:   # a thread cannot be killed: it ends after the request in flight
+        self.commands.put(("stop",))
 
 
 def rollout_payload(rollout: Rollout) -> bytes:
@@ -86,16 +154,13 @@ def sample_batch(model: torch.nn.Module, tokenizer, prompts: list, kw: dict[str,
 
 
 def worker_main(spec: WorkerSpec, commands, results) -> None:
-    """The worker process: follow the commands until "stop" (see the module docstring)."""
+    """The worker: follow the commands until "stop" (see the module docstring)."""
     batch = -1
     try:
-        torch.set_num_threads(max(1, spec.threads))
-        if spec.cpus and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, spec.cpus)
-        torch.set_rng_state(spec.rng_state)
-        model, version = spec.model, spec.version
+        sampler = _ModelSampler(spec) if spec.server_url is None else _ServerSampler(spec)
+        version = spec.version
         results.put(("ready",))
-        parent = multiprocessing.parent_process()
+        parent = multiprocessing.parent_process() if spec.server_url is None else None
         while True:
             try:
                 msg = commands.get(timeout=1.0)
@@ -106,7 +171,7 @@ def worker_main(spec: WorkerSpec, commands, results) -> None:
             if msg[0] == "stop":
                 return
             if msg[0] == "weights":
-                model.load_state_dict(msg[2])
+                sampler.load(msg[2])
                 version = msg[1]
                 continue
             _, batch, want, prompts = msg
@@ -115,8 +180,8 @@ def worker_main(spec: WorkerSpec, commands, results) -> None:
             if spec.delay_s:
                 time.sleep(spec.delay_s)
             start = time.perf_counter()
-            rollout = sample_batch(model, spec.tokenizer, prompts, spec.sample_kwargs)
-            results.put(("rollout", batch, version, rollout_payload(rollout), torch.get_rng_state(),
+            rollout, rng_after = sampler.sample(batch, prompts)
+            results.put(("rollout", batch, version, rollout_payload(rollout), rng_after,
                          time.perf_counter() - start))
     except KeyboardInterrupt:
         return

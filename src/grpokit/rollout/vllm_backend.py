@@ -47,8 +47,8 @@ from grpokit.rollout.vllm_engine import (
 )
 
 __all__ = ["INSTALL_HINT", "GenerationEngine", "Sample", "SamplingSpec", "ServerEngine", "VLLMEngine",
-           "VLLMError", "VLLMRollouts", "build_rollouts", "in_process_backend", "rollout_from_samples",
-           "vllm_sample"]
+           "VLLMError", "VLLMRollouts", "build_rollouts", "engine_rollout", "in_process_backend",
+           "rollout_from_samples", "vllm_sample"]
 
 log = logging.getLogger("grpokit")
 
@@ -166,7 +166,6 @@ class VLLMRollouts:
 
     def sample(self, state: Any, prompts: Sequence[Any]) -> Rollout:
         """G completions for each prompt from the engine, holding the policy's weights of this step."""
-        r = state.cfg.rollout
         if self.colocate:
             self.engine.wake_up()
         if self.synced_step != state.step:
@@ -174,22 +173,31 @@ class VLLMRollouts:
                 self.engine.load_weights(policy_weights(state.model))   # LoRA merged in
             state.dist.barrier()          # server mode: nobody samples before rank 0 has pushed
             self.synced_step = state.step
-        chat = [isinstance(p, list) for p in prompts]
-        texts = [state.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
-                                                     **state.cfg.task.chat_template_kwargs) if c else p
-                 for p, c in zip(prompts, chat)]
-        p_ids, p_mask = encode_prompts(state.tokenizer, texts, r.max_prompt_length, r.truncate_prompt,
-                                       add_special_tokens=not any(chat))
-        eos = eos_token_ids(state.model, state.tokenizer)
         seed = int(torch.randint(0, 2**31 - 1, (1,)))   # from the run's RNG: reproducible and resumable
-        spec = SamplingSpec(r.num_generations, r.max_completion_length, r.temperature, r.top_p, r.top_k,
-                            tuple(eos), seed)
-        samples = self.engine.generate([row[m.bool()].tolist() for row, m in zip(p_ids, p_mask)], spec)
+        rollout = engine_rollout(self.engine, state.tokenizer, prompts, state.cfg,
+                                 eos_token_ids(state.model, state.tokenizer), seed,
+                                 device=next(state.model.parameters()).device)
         if self.colocate:
             self.engine.sleep()
-        device = next(state.model.parameters()).device
-        return rollout_from_samples(state.tokenizer, prompts, p_ids.to(device), p_mask.to(device), samples,
-                                    r.num_generations, eos)
+        return rollout
+
+
+def engine_rollout(engine: GenerationEngine, tokenizer, prompts: Sequence[Any], cfg: Any, eos: list[int],
+                   seed: int, device: torch.device | str = "cpu") -> Rollout:
+    """G completions for each prompt from an engine holding the weights to sample with, on `device`;
+    chat prompts are rendered with the chat template, as `sample_groups` does."""
+    r = cfg.rollout
+    chat = [isinstance(p, list) for p in prompts]
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
+                                           **cfg.task.chat_template_kwargs) if c else p
+             for p, c in zip(prompts, chat)]
+    p_ids, p_mask = encode_prompts(tokenizer, texts, r.max_prompt_length, r.truncate_prompt,
+                                   add_special_tokens=not any(chat))
+    spec = SamplingSpec(r.num_generations, r.max_completion_length, r.temperature, r.top_p, r.top_k,
+                        tuple(eos), seed)
+    samples = engine.generate([row[m.bool()].tolist() for row, m in zip(p_ids, p_mask)], spec)
+    return rollout_from_samples(tokenizer, prompts, p_ids.to(device), p_mask.to(device), samples,
+                                r.num_generations, eos)
 
 
 def build_rollouts(state: Any) -> VLLMRollouts:

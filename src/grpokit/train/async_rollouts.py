@@ -5,13 +5,17 @@ max_staleness K and weight_sync_steps N (1 <= N <= K + 1), batch b is always sam
 
     w(b) = N * ceil(max(0, b - K) / N)         so its lag b - w(b) is at most K (min(b, K) early on)
 
-The trainer pushes version v to the worker when v is a multiple of N, then sends it every batch b with
-w(b) <= v; it waits for batch b before step b. So the worker samples batch b + K while step b updates,
-a slow worker blocks the trainer (it never trains on a batch more than K versions old: nothing is dropped,
-`async/dropped_groups` stays 0), and the schedule does not depend on timing: an async run is reproducible,
-resumes exactly and survives a worker restart with the same numbers. K = 0 samples every batch with the
-current weights (w(b) = b): no overlap, the synchronous run's draws (the worker starts from the trainer's
-RNG state). rollout.async.max_staleness=none (the default) runs no worker at all.
+The worker is a process with its own copy of the policy (grpokit's sampler, its share of the cores:
+rollout.async.worker_threads), or, with rollout.backend=vllm in server mode, a thread that drives the
+vLLM server. The trainer pushes version v to the worker when v is a multiple of N, then sends it every
+batch b with w(b) <= v; it waits for batch b before step b. So the worker samples batch b + K while
+step b updates; a slow worker blocks the trainer (it never trains on a batch more than K versions old:
+nothing is dropped, `async/dropped_groups` stays 0); and the schedule does not depend on timing, so an
+async run is reproducible, resumes exactly and survives a worker restart with the same numbers (a
+server: as far as the engine is, one seed per batch). K = 0 samples every batch with the current weights
+(w(b) = b): no overlap, the synchronous run's draws (the worker starts from the trainer's RNG state).
+N <= K overlaps every step; N = K + 1 makes every N-th batch wait for the newest weights.
+rollout.async.max_staleness=none (the default) runs no worker at all.
 
 The gap between the sampling weights and the trainer's is corrected in the update with the sampling
 log-probs (`Rollout.sampling_logprobs`, `policy_lag` > 0): truncated or masked importance sampling,
@@ -33,13 +37,13 @@ import queue
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.multiprocessing as tmp
 
-from grpokit.rollout.async_worker import WorkerSpec, rollout_fields, rollout_from, worker_main
-from grpokit.rollout.groups import Rollout
+from grpokit.rollout.async_worker import ThreadWorker, WorkerSpec, rollout_fields, rollout_from, worker_main
+from grpokit.rollout.groups import Rollout, eos_token_ids
+from grpokit.rollout.vllm_engine import policy_weights
 from grpokit.train.data import PromptStream
 
 log = logging.getLogger("grpokit")
@@ -71,6 +75,8 @@ class AsyncRollouts:
         r = cfg.rollout
         self.cfg, self.K, self.N = cfg, r.async_max_staleness, r.async_weight_sync_steps
         self.B = r.prompts_per_step
+        self.server = r.backend == "vllm"   # vllm_mode=server (validated): the worker drives the server
+        self.eos_ids: list[int] = []
         self.pending: dict[int, Pending] = {}
         self.next_batch = 0          # the next batch to send
         self.rng: torch.Tensor | None = None   # the worker's RNG after the last batch it delivered
@@ -97,7 +103,7 @@ class AsyncRollouts:
         if self.proc is None:
             self._start(state)
         elif v % self.N == 0 and v > max(self.snapshots, default=-1):
-            self.snapshots[v] = _snapshot(state.model)
+            self.snapshots[v] = self._snapshot(state.model)
         self._send_due(state, v)
         start = time.perf_counter()
         item = self._wait_for(v)
@@ -163,7 +169,7 @@ class AsyncRollouts:
         _, b, version, payload, rng_after, seconds = msg
         item = self.pending[b]
         item.rollout, item.seconds = rollout_from(payload), seconds
-        self.rng = rng_after   # batches come back in order
+        self.rng = rng_after if rng_after is not None else self.rng   # in order; a server has no RNG here
         self.last_heard = time.monotonic()
 
     def _forget_old_weights(self) -> None:
@@ -173,19 +179,29 @@ class AsyncRollouts:
         self.snapshots = {v: s for v, s in self.snapshots.items() if v in keep}
 
     # ---- the worker process -----------------------------------------------------------------------
+    def _snapshot(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The weights a worker loads: the state dict as CPU tensors in shared memory (a process), or the
+        policy's Hugging Face weights, LoRA merged (a vLLM server)."""
+        if self.server:
+            return {k: t.detach().to("cpu", copy=True) for k, t in policy_weights(model)}
+        return {k: torch.empty_like(t, device="cpu").share_memory_().copy_(t.detach())
+                for k, t in model.state_dict().items()}
+
     def _start(self, state) -> None:
         if state.dist.world_size > 1:
             raise AsyncWorkerError("rollout.async.max_staleness runs one trainer process in this version: "
                                    "launch without torchrun, or set rollout.async.max_staleness=none")
-        if next(state.model.parameters()).device.type != "cpu":
+        if not self.server and next(state.model.parameters()).device.type != "cpu":
             raise AsyncWorkerError("rollout.async.max_staleness runs its worker on the CPU in this version: "
                                    "set model.device=cpu, or rollout.async.max_staleness=none")
         self.model, self.tokenizer = state.model, state.tokenizer
         if self.rng is None:   # a fresh run: the worker continues the trainer's own sampling stream
             self.rng = torch.get_rng_state()
-        self.snapshots[state.step] = _snapshot(state.model)
+        self.snapshots[state.step] = self._snapshot(state.model)
         self._cores = contextlib.ExitStack()
-        self.worker_cpus, self.worker_threads = self._cores.enter_context(core_share(self.cfg))
+        if not self.server:   # a server has its own cores (or machine)
+            self.worker_cpus, self.worker_threads = self._cores.enter_context(core_share(self.cfg))
+        self.eos_ids = eos_token_ids(state.model, state.tokenizer)
         self.trainer_version = state.step
         self._spawn(state.step)
 
@@ -197,20 +213,28 @@ class AsyncRollouts:
                   max_prompt_length=r.max_prompt_length, truncate_prompt=r.truncate_prompt, backend=r.backend,
                   generation_batch_size=r.generation_batch_size,
                   chat_template_kwargs=task.chat_template_kwargs)
-        spec = WorkerSpec(copy.deepcopy(self.model), self.tokenizer, kw, self.rng.clone(), version,
-                          threads=self.worker_threads, cpus=self.worker_cpus,
-                          delay_s=float(os.environ.get(DELAY_ENV) or 0))
-        ctx = tmp.get_context("spawn")
-        self.commands, self.results = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=worker_main, args=(spec, self.commands, self.results), daemon=True,
-                                name="grpokit-rollout-worker")
+        delay = float(os.environ.get(DELAY_ENV) or 0)
+        if self.server:   # a thread drives the vLLM server
+            spec = WorkerSpec(None, self.tokenizer, kw, None, version, delay_s=delay, cfg=self.cfg,
+                              server_url=r.vllm_server_base_url, eos_ids=self.eos_ids)
+            self.commands, self.results = queue.Queue(), queue.Queue()
+            self.proc = ThreadWorker(spec, self.commands, self.results)
+        else:
+            spec = WorkerSpec(copy.deepcopy(self.model), self.tokenizer, kw, self.rng.clone(), version,
+                              threads=self.worker_threads, cpus=self.worker_cpus, delay_s=delay)
+            ctx = tmp.get_context("spawn")
+            self.commands, self.results = ctx.Queue(), ctx.Queue()
+            self.proc = ctx.Process(target=worker_main, args=(spec, self.commands, self.results),
+                                    daemon=True, name="grpokit-rollout-worker")
         try:
             self.proc.start()
         except (TypeError, AttributeError, RuntimeError) as e:   # pickling the model or tokenizer
             raise AsyncWorkerError(f"rollout.async: the policy cannot be sent to the worker process "
                                    f"({str(e).splitlines()[0]}): use a picklable model, or set "
                                    "rollout.async.max_staleness=none") from None
-        self.held, self.last_heard, self.started = version, time.monotonic(), False
+        # a server may hold any weights (its start folder, an earlier run): the first batch pushes its own
+        self.held = -1 if self.server else version
+        self.last_heard, self.started = time.monotonic(), False
 
     def _restart(self, why: str) -> None:
         """A dead or hung worker: a new one re-samples what was not delivered, with the same weights and
@@ -239,8 +263,9 @@ class AsyncRollouts:
             self.proc.kill()
             self.proc.join(timeout=10)
         for q in (self.commands, self.results):
-            q.cancel_join_thread()
-            q.close()
+            if hasattr(q, "cancel_join_thread"):   # a process's queues (a thread's need nothing)
+                q.cancel_join_thread()
+                q.close()
         self.proc = None
 
     def close(self) -> None:
@@ -271,10 +296,6 @@ class AsyncRollouts:
                                                rollout_from(q["rollout"]), q["seconds"])
 
 
-def _snapshot(model: torch.nn.Module) -> dict[str, Any]:
-    """The model's weights as CPU tensors in shared memory (what a worker loads)."""
-    return {k: torch.empty_like(t, device="cpu").share_memory_().copy_(t.detach())
-            for k, t in model.state_dict().items()}
 
 
 @contextlib.contextmanager
