@@ -6,6 +6,7 @@
     docs/performance.md     grpokit against TRL at equal work, from bench_smollm2_equal_micro_batches.jsonl
     docs/memory.md          the peak-memory table and its ratios, from benchmarks/results/memory_table.jsonl
     docs/real_model.md      SmolLM2's GSM8K baseline, from benchmarks/results/gsm8k_smollm2_baseline.jsonl
+    docs/async.md           async against sync, from benchmarks/results/async_*.jsonl (scripts/docs_async.py)
     README.md               the demo's output (seed 0's raw rows), the headline table and the agents
                             results, each figure computed from the raw rows under benchmarks/results/
                             that the table names
@@ -16,6 +17,7 @@
 import json
 import re
 import statistics
+import sys
 import textwrap
 from pathlib import Path
 
@@ -23,6 +25,9 @@ from grpokit.cli.membench import compare as memory_ratios
 from grpokit.cli.membench import format_table as memory_format
 from grpokit.config.schema import config_reference
 from grpokit.observe.demo import format_before_after
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from docs_async import ASYNC_START, async_row, render_async  # noqa: E402, F401  (scripts/docs_async.py; ASYNC_START: tests)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -227,8 +232,8 @@ STATIC_ROWS = [
 
 def headline() -> str:
     """The README's headline table, its measured rows computed from the raw files."""
-    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), search_row(), rm_row(), ppo_row(),
-            *STATIC_ROWS]
+    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), search_row(), async_row(), rm_row(),
+            ppo_row(), *STATIC_ROWS]
     return "\n".join(["| what | result | page, raw rows |", "|---|---|---|", *rows])
 
 
@@ -382,7 +387,7 @@ if __name__ == "__main__":
     page.write_text(render(page.read_text(encoding="utf-8")), encoding="utf-8")
     for name, fn in (("agents.md", render_agents), ("demo.md", render_demo_page),
                      ("performance.md", render_performance), ("memory.md", render_memory),
-                     ("real_model.md", render_real_model)):
+                     ("real_model.md", render_real_model), ("async.md", render_async)):
         doc = ROOT / "docs" / name
         doc.write_text(fn(doc.read_text(encoding="utf-8")), encoding="utf-8")
     readme = ROOT / "README.md"

@@ -190,6 +190,8 @@ SKIPS: list[tuple[str, str]] = [
                                                   "are the page's generated tables)"),
     (r"grpokit train configs/agents_calculator_smollm2\.yaml", "needs the SmolLM2 warm start that the "
                                                                "config's sft command builds, then an hour"),
+    (r"^python benchmarks/async_vs_sync\.py\b", "6-9 training runs side by side (20+ minutes); its raw rows "
+                                                "are the page's generated tables"),
     (r"^python benchmarks/search_demo\.py\b", "run: trains two reward models and evaluates every "
                                               "method (~30 min); table / plot: its raw rows, redrawn"),
     (r"^grpokit eval .*--search .*--(rm|prm) runs/", "needs a reward model trained by `grpokit rm train` "

@@ -1,0 +1,100 @@
+"""docs/async.md's measured tables and the README's async row, from benchmarks/results/async_*.jsonl
+(rows written by benchmarks/async_vs_sync.py); scripts/update_readme.py calls these."""
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+ASYNC_START, ASYNC_END = "<!-- async-results:start -->", "<!-- async-results:end -->"
+LABELS = {"sync": "sync, 2 threads", "sync1": "sync, 1 thread", "k1": "async K=1 (1 + 1 cores)",
+          "k2": "async K=2 (1 + 1 cores)", "k4": "async K=4 (1 + 1 cores)"}
+
+
+def _rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in (RESULTS / name).read_text().splitlines() if line.strip()]
+
+
+def _runs(name: str) -> tuple[list[dict], dict]:
+    """(the per-run rows, the summary) of the last benchmark recorded in `name`."""
+    rows = _rows(name)
+    last = max(i for i, r in enumerate(rows) if r.get("summary"))
+    first = max((i + 1 for i, r in enumerate(rows[:last]) if r.get("summary")), default=0)
+    return rows[first:last], rows[last]
+
+
+def _fmt(x: float | None, unit: str = "", digits: int = 2) -> str:
+    return "never" if x is None else f"{x:.{digits}f}{unit}"
+
+
+def speed_table(name: str) -> str:
+    """Per mode: s/step, generation and the rest of the step, the speed-up and the bound."""
+    runs, s = _runs(name)
+    base = s["baseline"]
+    lines = ["| mode | s/step | generation s | rest of the step s | speed-up over the faster sync "
+             "| bound |", "|---|---|---|---|---|---|"]
+    for mode in dict.fromkeys(r["mode"] for r in runs):
+        f = s[mode]
+        speed = f"{s[base]['s_per_step'] / f['s_per_step']:.2f}x" + (" (baseline)" if mode == base else "")
+        bound = f"{f['bound_speedup']:.2f}x" if "bound_speedup" in f else ""
+        lines.append(f"| {LABELS[mode]} | {f['s_per_step']:.3f} | {f['generate_s']:.3f} | "
+                     f"{f['rest_s']:.3f} | {speed} | {bound} |")
+    return "\n".join(lines)
+
+
+def accuracy_table(name: str) -> str:
+    """Held-out accuracy on the grid, per mode and seed, and the seconds to the target accuracy."""
+    runs, s = _runs(name)
+    steps = [c[0] for c in runs[0]["curve"]]
+    head = "| mode | seed | " + " | ".join(f"step {k}" for k in steps) + f" | s to {100 * s['target']:.0f}% |"
+    lines = [head, "|" + "---|" * (len(steps) + 3)]
+    for r in sorted(runs, key=lambda r: (list(LABELS).index(r["mode"]), r["seed"])):
+        accs = " | ".join(f"{100 * c[2]:.1f}" for c in r["curve"])
+        seeds = [x["seed"] for x in runs if x["mode"] == r["mode"]]
+        t = s[r["mode"]]["time_to_target_s"][seeds.index(r["seed"])]
+        lines.append(f"| {LABELS[r['mode']]} | {r['seed']} | {accs} | {_fmt(t, ' s', 0)} |")
+    return "\n".join(lines)
+
+
+def model_line(name: str) -> str:
+    """The own-hardware model from the faster sync run's phases."""
+    runs, s = _runs(name)
+    b = s[s["baseline"]]
+    return (f"Own-hardware model from the {LABELS[s['baseline']]} run's phases: generation "
+            f"{b['generate_s']:.3f} s, the rest {b['rest_s']:.3f} s a step, so a worker on hardware of its "
+            "own as fast as this machine hides up to (G + R) / max(G, R) = "
+            f"{b['own_hardware_model_speedup']:.2f}x. "
+            f"Machine: {runs[0]['machine']}, commit {runs[0]['commit']}, {runs[0]['date']}; command: "
+            f"`{runs[0]['command'].split(' --out')[0]}`.")
+
+
+def async_results() -> str:
+    """The measured block of docs/async.md: every async_*.jsonl file, one section each."""
+    out = []
+    for path in sorted(RESULTS.glob("async_*.jsonl")):
+        runs, s = _runs(path.name)
+        title = f"### {runs[0]['config']} {' '.join(runs[0]['overrides'])}".rstrip()
+        part = [title, "", f"Raw rows: `benchmarks/results/{path.name}`.", "", speed_table(path.name), ""]
+        if s.get("target") is not None:
+            part += [accuracy_table(path.name), ""]
+        part.append(model_line(path.name))
+        out.append("\n".join(part))
+    return "\n\n".join(out)
+
+
+def render_async(text: str) -> str:
+    return re.sub(re.escape(ASYNC_START) + ".*?" + re.escape(ASYNC_END),
+                  lambda _: f"{ASYNC_START}\n{async_results()}\n{ASYNC_END}", text, flags=re.S)
+
+
+def async_row(name: str = "async_demo.jsonl") -> str:
+    """The README's headline row: the demo's async speed-up and accuracy against sync."""
+    runs, s = _runs(name)
+    base, best = s["baseline"], max((m for m in s if m.startswith("k")), key=lambda m: s[m]["speedup"])
+    final = {m: statistics.mean(a for a in s[m]["final_accuracy"]) for m in (base, best)}
+    return (f"| asynchronous GRPO: a worker samples ahead while the trainer updates (demo, "
+            f"{runs[0]['steps']} steps, {len({r['seed'] for r in runs})} seeds, 2 cores shared) | "
+            f"{LABELS[best]}: {s[best]['speedup']:.2f}x the steps per second of {LABELS[base]} (bound "
+            f"{s[best]['bound_speedup']:.2f}x); held-out accuracy at the end {100 * final[best]:.1f}% vs "
+            f"{100 * final[base]:.1f}% | [async](docs/async.md), `benchmarks/results/{name}` |")
