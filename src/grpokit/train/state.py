@@ -50,6 +50,9 @@ class TrainState:
     # rollout.tools / rollout.environment (or TRL's tools, environment_factory, rollout_func):
     # a grpokit.agents.agent.Agent that samples multi-turn rollouts; None: one turn per completion
     agent: Any = None
+    # the one switch's buffers kept between steps (grpokit.switch.accelerated: the activation record's
+    # gate/up buffers, reused instead of touching fresh memory each step); never checkpointed
+    speedup_buffers: dict = field(default_factory=dict)
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:
