@@ -5,7 +5,7 @@
 
 One process per config builds the training state once, then runs steps with the variants interleaved
 (one step each, in a rotated order, over and over), so the machine's drift hits every variant alike.
-Variants: `all` (everything on, the default), `plain` (`fast.accelerated` replaced by `fast.plain()`:
+Variants: `all` (everything on, the default), `plain` (`switch.accelerated` replaced by `switch.plain()`:
 the readable path only), or one speed-up switched off while the others stay on. `keep_memory` is
 process-wide, so it is measured by two more processes (GRPOKIT_KEEP_MEMORY=1 and 0, alternated).
 The training passes' C attention and fused SiLU x up / RMSNorm kernels, and torch.compile of the same
@@ -50,14 +50,14 @@ def _nothing(*args, **kwargs):
 @contextlib.contextmanager
 def switched_off(variant: str, state) -> None:
     """For one step: the speed-up `variant` names off (attributes swapped, restored after)."""
-    from grpokit import fast
+    from grpokit import fast, switch
 
-    swaps = {"plain": [(fast, "accelerated", lambda *a, **k: fast.plain())],
+    swaps = {"plain": [(switch, "accelerated", lambda *a, **k: switch.plain())],
              "gqa": [(fast.small_attention, "_grouped_with_mask", lambda *a: False)],
              "small_attention": [(fast.small_attention, "installed", _nothing)],
              "master_grads": [(fast.master_grads, "installed", _nothing)],
-             "decode_kernels": [(fast, "kernels_for", lambda model: None)],
-             "whole_step": [(fast, "whole_step_for", lambda decoder, rows: None)],
+             "decode_kernels": [(fast.Scope, "decode_kernels", lambda self, model: None)],
+             "whole_step": [(fast.Scope, "whole_step", lambda self, decoder, rows: None)],
              "reuse": [(state.cfg.rollout, "reuse_activations", False)]}.get(variant, [])
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in swaps]
     for obj, name, value in swaps:

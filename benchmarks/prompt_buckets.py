@@ -26,7 +26,7 @@ from unittest import mock
 
 import torch
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.config.schema import load_config
 from grpokit.model.buckets import micro_batches
 from grpokit.model.logprobs import model_shares_prompts
@@ -42,8 +42,7 @@ def plan(side: str):
     if side == "prompt":
         yield
         return
-    with mock.patch("grpokit.train.update.model_shares_prompts", lambda m: False), \
-            mock.patch("grpokit.fast.reuse.model_shares_prompts", lambda m: False):
+    with mock.patch("grpokit.train.update.model_shares_prompts", lambda m: False):
         yield
 
 
@@ -63,7 +62,7 @@ def run_side(state, rollout, side: str, rnd: int) -> dict:
                            cfg.optim.micro_batch_size or rollout.completion_ids.shape[0], n_params,
                            prompt_ids=shared)
     adv = torch.randn(rollout.completion_ids.shape[0])
-    with plan(side), fast.accelerated(state.model, cfg):       # a fresh scope per side: its own plan
+    with plan(side), switch.accelerated(state.model, cfg):       # a fresh scope per side: its own plan
         t0 = time.perf_counter()
         ref_lp = forward_logprobs(state.ref_model, rollout, cfg)
         t1 = time.perf_counter()
@@ -86,7 +85,7 @@ def main() -> None:
     path = a.items[0] if given else "configs/smollm2_gsm8k_cpu.yaml"
     cfg = load_config(path, [x for x in a.items if "=" in x] + ["run.eval_limit=0"])
     state = build_state(cfg)
-    with fast.accelerated(state.model, cfg):
+    with switch.accelerated(state.model, cfg):
         rollout = collect_batch(state, PhaseTimer())[0]
     lengths = rollout.completion_mask.sum(-1)
     print(json.dumps({"config": path, "rows": int(lengths.numel()),

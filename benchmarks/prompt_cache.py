@@ -26,7 +26,7 @@ from unittest import mock
 
 import torch
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.config.run_config import train_config
 from grpokit.model.loading import load_model_and_tokenizer
 from grpokit.model.precision import apply_precision
@@ -69,7 +69,7 @@ def main() -> None:
             cache: list[int] = []
             torch.manual_seed(rnd)
             t0 = time.perf_counter()
-            with side(name, cache), fast.accelerated(model):
+            with side(name, cache), switch.accelerated(model):
                 out = sample_groups(model, tok, prompts, r.num_generations, r.max_completion_length,
                                     temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                     max_prompt_length=r.max_prompt_length, truncate_prompt=r.truncate_prompt,

@@ -176,13 +176,32 @@ def test_core_imports_only_core_and_the_choices():
 
 
 def test_speed_ups_are_reached_only_through_the_one_switch():
-    """Outside grpokit.fast, a module imports `grpokit.fast` (the switch) and none of its kernels' modules."""
+    """Outside grpokit.fast, one module imports it or any of its modules: the one switch, grpokit.switch.
+    The readable path (sampler, update, log-probs) asks grpokit.model.speedups, which imports none of it."""
     graph, _ = import_graph()
-    bad = [f"{m} imports {t}" for m, targets in graph.items() if not m.startswith("grpokit.fast")
-           for t in targets if t.startswith("grpokit.fast.")]
+    bad = [f"{m} imports {t}" for m, targets in graph.items()
+           if not m.startswith("grpokit.fast") and m != "grpokit.switch"
+           for t in targets if t == "grpokit.fast" or t.startswith("grpokit.fast.")]
     assert not bad, "\n".join(bad)
-    users = {m for m, targets in graph.items() if "grpokit.fast" in targets}
-    assert {"grpokit.train.step", "grpokit.rollout.sampler"} <= users        # the graph sees the switch
+    assert "grpokit.fast" in graph["grpokit.switch"]                      # the graph sees the switch's import
+    protocol_users = {m for m, targets in graph.items() if "grpokit.model.speedups" in targets}
+    assert {"grpokit.rollout.sampler", "grpokit.train.update", "grpokit.model.logprobs"} <= protocol_users
+    assert not {t for t in graph["grpokit.model.speedups"] if t.startswith("grpokit")}   # it needs nothing
+
+
+def test_the_readable_path_loads_no_speed_up():
+    """The sampler, the update and the log-probs are written against grpokit.model.speedups: with
+    `grpokit.switch` kept out of the process, they import, and none of grpokit.fast is loaded."""
+    probe = ("import sys, json\nsys.modules['grpokit.switch'] = None\n"
+             "import grpokit.rollout.sampler, grpokit.rollout.groups, grpokit.train.update, "
+             "grpokit.model.logprobs\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('grpokit'))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = json.loads(out.stdout)
+    assert "grpokit.rollout.sampler" in loaded and "grpokit.model.speedups" in loaded
+    assert not [m for m in loaded if m == "grpokit.fast" or m.startswith("grpokit.fast.")], loaded
 
 
 def test_each_subpackage_says_what_it_holds():

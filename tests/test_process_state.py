@@ -2,7 +2,9 @@
 attention registries (grpokit's own entry, `grpokit_sdpa`, is added under its own name at first use;
 "sdpa" and every other entry stay as they were), no attribute of a grpokit or transformers module, no
 torch global setting differs after a training step (the speed-ups on), a reward-model call and an
-evaluation. Only the `grpokit` command sets its own process up (`grpokit.fast.for_this_process`)."""
+evaluation. Only the `grpokit` command sets its own process up (`grpokit.switch.for_this_process`).
+The models come out as they went in too: no instance attribute (a swapped `forward`) added, removed or
+replaced on any of their modules, no config setting (the attention implementation) changed."""
 
 import os
 import sys
@@ -33,6 +35,28 @@ def _snapshot() -> dict:
             "torch": (torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled(),
                       torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision(),
                       torch.is_autocast_enabled("cpu"))}
+
+
+def _instances(**models) -> dict:
+    """Every module's instance attributes and every config's settings, of each model."""
+    out = {}
+    for label, model in models.items():
+        for name, m in model.named_modules():
+            out[f"{label}.{name or '<root>'}"] = dict(vars(m))
+        for name, m in model.named_modules():
+            if hasattr(m, "config"):
+                out[f"{label}.{name or '<root>'}.config"] = {k: repr(v) for k, v in vars(m.config).items()}
+    return out
+
+
+def _instance_differences(before: dict, after: dict) -> list[str]:
+    out = [f"{k} (module added or removed)" for k in before.keys() ^ after.keys()]
+    for owner in before.keys() & after.keys():
+        was, now = before[owner], after[owner]
+        out += [f"{owner}.{k}" for k in was.keys() ^ now.keys()]
+        same = (lambda a, b: a == b) if owner.endswith(".config") else (lambda a, b: a is b)
+        out += [f"{owner}.{k}" for k in was.keys() & now.keys() if not same(was[k], now[k])]
+    return out
 
 
 def _differences(before: dict, after: dict) -> list[str]:
@@ -66,9 +90,12 @@ def test_a_step_a_reward_model_and_an_evaluation_leave_the_process_as_it_was(tmp
     config.num_labels = 1
     rm = RewardModel(AutoModelForSequenceClassification.from_config(config), tok)
     before = _snapshot()                   # before any step: nothing may be set up lazily on first use
-    metrics = train_step(state)            # the speed-ups switched on and off again (grpokit.fast)
+    models_before = _instances(policy=state.model, reference=state.ref_model, reward_model=rm.model)
+    metrics = train_step(state)            # the speed-ups switched on and off again (grpokit.switch)
     scores = rm(prompts=["Go:"] * 2, completions=["aa", "ab"])
     result = evaluate(state.model, state.tokenizer, PROMPTS[:2], cfg, limit=2,
                       reward_funcs=state.reward_funcs)
     assert metrics["completion_tokens"] > 0 and len(scores) == 2 and result
     assert _differences(before, _snapshot()) == []
+    assert _instance_differences(models_before, _instances(policy=state.model, reference=state.ref_model,
+                                                           reward_model=rm.model)) == []

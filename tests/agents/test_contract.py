@@ -6,7 +6,7 @@ import pytest
 import torch
 from agent_models import PROMPTS, plain_caller
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.agents.agent import Agent, agent_from_config
 from grpokit.agents.formats import PlainFormat
 from grpokit.config.schema import build_config
@@ -29,7 +29,7 @@ def multi_turn(seed: int = 0, engine: str = "lean", **over):
     torch.manual_seed(seed)
     examples = [Example(p, "", {}) for p in PROMPTS]
     hook = model.model.norm.register_forward_hook(lambda *a: None) if engine == "cached" else None
-    with fast.accelerated(model, cfg) if engine == "accelerated" else fast.plain():
+    with switch.accelerated(model, cfg) if engine == "accelerated" else switch.plain():
         rollout, _ = agent_from_config(cfg).sample(model, tok, examples, 4, cfg)
     if hook is not None:
         hook.remove()

@@ -185,7 +185,7 @@ def test_adamw_fused_for_plain_cpu_parameters_and_same_update_as_the_loop():
     assert not state_mod._can_fuse([torch.zeros(3, dtype=torch.long)])
 
 
-# The one switch (grpokit.fast): off, a whole train_step is plain PyTorch; on, it computes the same step.
+# The one switch (grpokit.switch): off, a whole train_step is plain PyTorch; on, it computes the same step.
 
 def _one_step(reuse_on: bool, monkeypatch, switch) -> dict:
     """One GRPO step of the built-in tiny model (beta > 0: a reference pass too) inside `switch()`:
@@ -217,15 +217,14 @@ def _one_step(reuse_on: bool, monkeypatch, switch) -> dict:
 
 def _forbid_kernels(monkeypatch) -> None:
     """Every entry point of the optional speed-ups raises: the plain path must never reach one."""
-    from grpokit import fast
-    from grpokit.fast import fused_ops, native, reuse, whole_step
+    from grpokit.fast import fused_ops, master_grads, native, reuse, small_attention, whole_step
 
     def entered(*a, **k):
         raise AssertionError("a speed-up was entered with the switch off")
 
     for module, name in ((native, "kernels"), (native, "keep_freed_memory"), (whole_step.WholeStep, "plan"),
-                         (fused_ops, "fused_ops"),
-                         (fast, "reused_logprobs"), (fast.small_attention, "installed"),
+                         (fused_ops, "fused_ops"), (master_grads, "installed"),
+                         (reuse, "reused_logprobs"), (small_attention, "installed"),
                          (reuse.ActivationRecord, "__init__")):
         monkeypatch.setattr(module, name, entered)
 
@@ -234,20 +233,20 @@ def _forbid_kernels(monkeypatch) -> None:
 def test_train_step_switch_off_is_plain_and_on_equals_it(monkeypatch, reuse_on):
     import contextlib
 
-    from grpokit import fast
+    from grpokit import fast, switch
     from grpokit.fast import fused_ops, native
 
     with monkeypatch.context() as off_patch:
         _forbid_kernels(off_patch)
-        off = _one_step(reuse_on, monkeypatch, fast.plain)         # train_step's own switch: overridden
+        off = _one_step(reuse_on, monkeypatch, switch.plain)       # train_step's own switch: overridden
     entered, plans = [], []
-    real_plan = fast.whole_step_for
-    monkeypatch.setattr(fast, "whole_step_for", lambda *a: plans.append(p := real_plan(*a)) or p)
+    real_plan = fast.Scope.whole_step
+    monkeypatch.setattr(fast.Scope, "whole_step", lambda *a: plans.append(p := real_plan(*a)) or p)
     for cls in (fused_ops.SiluMul, fused_ops.RMSNormFn, fused_ops.GatedSiluMul):
         real = cls.apply
         monkeypatch.setattr(cls, "apply",
                             lambda *a, real=real, cls=cls: entered.append(cls.__name__) or real(*a))
-    on = _one_step(reuse_on, monkeypatch, contextlib.nullcontext)        # train_step's own fast.accelerated
+    on = _one_step(reuse_on, monkeypatch, contextlib.nullcontext)        # train_step's own switch.accelerated
     if native.kernels() is not None:                                      # the speed-ups really ran
         assert plans and all(p is not None for p in plans)                # the one-call C decode step
         # the training passes' kernels: the plain update's, or the reused update's SiLU x up on the record
@@ -265,25 +264,26 @@ def test_train_step_switch_off_is_plain_and_on_equals_it(monkeypatch, reuse_on):
 
 
 def test_the_switch_restores_everything_and_nests():
-    """Inside `fast.accelerated`: the fused forwards, grpokit's attention entry, the decode kernels; after
-    it (even when the block raises) nothing is left; an inner context changes nothing, `fast.plain()` turns
-    everything off inside."""
-    from grpokit import fast
-    from grpokit.fast import native
+    """Inside `switch.accelerated`: the fused forwards, grpokit's attention entry, the decode kernels; after
+    it (even when the block raises) nothing is left; an inner context changes nothing, `switch.plain()`
+    turns everything off inside."""
+    from grpokit import switch
+    from grpokit.fast import native, small_attention
+    from grpokit.model.speedups import active
 
     model, _ = build_model("tiny")
     K = native.kernels()
-    with pytest.raises(RuntimeError), fast.accelerated(model) as scope:
-        assert scope.on and model.config._attn_implementation == fast.small_attention.NAME
-        assert fast.kernels_for(model) is K
+    with pytest.raises(RuntimeError), switch.accelerated(model) as scope:
+        assert scope.on and active() is scope and model.config._attn_implementation == small_attention.NAME
+        assert active().decode_kernels(model) is K
         assert K is None or "forward" in vars(model.model.norm)          # the fused RMSNorm swapped in
-        with fast.accelerated(build_model("tiny")[0]) as inner:
+        with switch.accelerated(build_model("tiny")[0]) as inner:
             assert inner is scope                                         # the outer context decides
-        with fast.plain():
-            assert fast.kernels_for(model) is None and not fast.active().on
+        with switch.plain():
+            assert active().decode_kernels(model) is None and not active().on
         raise RuntimeError("a failing step")
-    assert model.config._attn_implementation == "sdpa" and not fast.active().on
+    assert model.config._attn_implementation == "sdpa" and not active().on
     assert not any("forward" in vars(m) for m in model.modules())        # no module left patched
-    assert fast.kernels_for(model) is None                                # outside: the plain path
-    with fast.accelerated(model, enabled=False) as off:
-        assert not off.on and fast.kernels_for(model) is None
+    assert active().decode_kernels(model) is None                         # outside: the plain path
+    with switch.accelerated(model, enabled=False) as off:
+        assert not off.on and active().decode_kernels(model) is None

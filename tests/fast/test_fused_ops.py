@@ -78,7 +78,7 @@ def test_logprobs_and_gradients_equal_the_eager_layers(monkeypatch):
                         lambda *a: calls.update(mlp=calls["mlp"] + 1) or mlp_apply(*a))
     monkeypatch.setattr(fused_ops.RMSNormFn, "apply",
                         lambda *a: calls.update(norm=calls["norm"] + 1) or norm_apply(*a))
-    with fused_ops.fused_ops(model):                                     # what fast.accelerated enters
+    with fused_ops.fused_ops(model):                                     # what switch.accelerated enters
         got = logprobs_and_grads(model, ids, att, 12)
     layers = model.config.num_hidden_layers
     # the prompt pass and the completion pass

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from grpokit import fast
+from grpokit import fast, switch
 from grpokit.fast import master_grads
-from grpokit.model import logprobs
+from grpokit.model import speedups
 from grpokit.model.logprobs import head_logprobs, per_token_logprobs
 from grpokit.model.precision import set_compute_dtype
 from grpokit.model.testing import bench_prompts, build_model
@@ -66,21 +66,22 @@ def test_padding_row_gets_no_gradient_and_no_grad_lookups_are_plain():
 def test_installed_by_the_switch_in_mixed_precision_for_one_process_only():
     model, _ = build_model("tiny")
     emb = model.model.embed_tokens
-    with fast.accelerated(model):                         # fp32: measured no gain, autograd's path
+    with switch.accelerated(model):                         # fp32: measured no gain, autograd's path
         assert "forward" not in vars(emb)
     set_compute_dtype(model, torch.bfloat16)
-    with fast.accelerated(model):
+    with switch.accelerated(model):
         assert "forward" in vars(emb)
-    with fast.accelerated(model, world_size=2):          # DDP reduces a gradient before a hook adds rows
+    with switch.accelerated(model, world_size=2):          # DDP reduces a gradient before a hook adds rows
         assert "forward" not in vars(emb)
     emb.weight.requires_grad_(False)                      # a frozen embedding (LoRA): autograd's lookup
-    with fast.accelerated(model):
+    with switch.accelerated(model):
         assert "forward" not in vars(emb)
 
 
 def _head_grads(weight, hidden, targets, installed: bool) -> torch.Tensor:
     weight.grad = None
-    with master_grads.installed(torch.nn.Module()) if installed else torch.enable_grad():
+    with master_grads.installed(torch.nn.Module()) as casts, \
+            speedups.scoped(fast.Scope(torch.nn.Module(), head_casts=casts if installed else None)):
         for h, t in zip(hidden.chunk(3), targets.chunk(3)):             # three micro-batches
             lp = head_logprobs(h, t, weight, None, temperature=1.0, compute_dtype=torch.bfloat16)
             lp.sum().backward()
@@ -112,7 +113,14 @@ def test_the_head_cast_is_made_once_per_weight_version():
     assert casts(weight, torch.bfloat16) is second
     frozen = torch.nn.Parameter(torch.randn(8, 4), requires_grad=False)
     assert not casts(frozen, torch.bfloat16).requires_grad                # a frozen head: a plain cast
-    with master_grads.installed(torch.nn.Module()):
-        assert isinstance(logprobs.cast_head, master_grads.HeadCasts)
-    assert not isinstance(logprobs.cast_head, master_grads.HeadCasts)     # restored on exit
+    model, _ = build_model("tiny")
+    set_compute_dtype(model, torch.bfloat16)
+    head = model.lm_head.weight
+    with switch.accelerated(model) as scope:          # the switch hands its scope the casts
+        assert isinstance(scope.head_casts, master_grads.HeadCasts)
+        assert speedups.active().cast_head(head, torch.bfloat16) is speedups.active().cast_head(head,
+                                                                                                torch.bfloat16)
+    plain = speedups.active().cast_head(head, torch.bfloat16)            # outside: autograd's cast, each time
+    assert speedups.active() is speedups.PLAIN
+    assert plain is not speedups.active().cast_head(head, torch.bfloat16)
 

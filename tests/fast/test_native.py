@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpokit import fast
+from grpokit import fast, switch
 from grpokit.fast import native, whole_step
 from grpokit.model.testing import bench_prompts, build_model
 from grpokit.rollout import decode_linear, sampler
@@ -20,8 +20,8 @@ needs_kernels = pytest.mark.skipif(K is None, reason="no C compiler could build 
 
 @pytest.fixture(autouse=True)
 def accelerated():
-    """The sampler's kernels are on only inside `grpokit.fast.accelerated`: every test here runs in it."""
-    with fast.accelerated(torch.nn.Linear(1, 1)):
+    """The sampler's kernels are on only inside `grpokit.switch.accelerated`: every test here runs in it."""
+    with switch.accelerated(torch.nn.Linear(1, 1)):
         yield
 
 
@@ -210,7 +210,7 @@ def test_decode_steps_equal_torch_ops_while_rows_leave(char_tokenizer, monkeypat
         for mode in _one_call_modes() + ["layers", "torch", "layers-shared", "torch-shared"]:
             with torch.no_grad(), _matmuls(mode), monkeypatch.context() as m:
                 if mode.endswith("-shared"):
-                    m.setattr(fast, "whole_step_for", lambda dec, rows: None)
+                    m.setattr(fast.Scope, "whole_step", lambda self, dec, rows: None)
                 eng = sampler._LeanEngine(model.eval(), ids, mask, 2, 20)
                 assert (eng.dec.prefix is not None) == mode.endswith("-shared"), (name, mode)
                 assert eng.dec.whole is not None or not _one_call_modes() or mode.endswith("-shared"), name
@@ -326,7 +326,7 @@ def test_one_call_step_only_where_it_applies(tiny_model, monkeypatch):
 @needs_kernels
 def test_decoder_uses_kernels_for_float32_cpu_only(tiny_model):
     assert sampler.LeanDecoder(tiny_model, 2, 16).native is K
-    with fast.plain():                                                    # the switch off: PyTorch ops only
+    with switch.plain():                                                    # the switch off: PyTorch ops only
         dec = sampler.LeanDecoder(tiny_model, 2, 16)
         assert dec.native is None and dec.whole is None
     assert sampler.LeanDecoder(tiny_model.to(torch.bfloat16), 2, 16).native is None

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.config.schema import build_config
 from grpokit.fast import reuse
 from grpokit.model import buckets
@@ -73,11 +73,14 @@ def assert_close_grads(a: dict, b: dict, tol: float = 1e-5) -> None:
         assert float((a[n] - b[n]).abs().max()) <= tol * scale, n
 
 
+REUSED_LOGPROBS = reuse.reused_logprobs   # the function itself (tests patch it to count its calls)
+
+
 def recorded(model, tok, *args, record=True, **kw):
-    """sample_groups inside `fast.accelerated(model, record=...)`: (the rollout, the scope's record)."""
-    with fast.accelerated(model, record=record):
+    """sample_groups inside `switch.accelerated(model, record=...)`: (the rollout, the scope's record)."""
+    with switch.accelerated(model, record=record) as scope:
         r = sample_groups(model, tok, *args, **kw)
-        return r, fast.held_record()
+        return r, scope.held_record()
 
 
 def reused(model, r, rows):
@@ -169,7 +172,7 @@ def test_no_record_where_it_cannot_be_used(tok, monkeypatch):
     assert recorded(model, tok, prompts(), 2, 4, record=False, **kw)[1] is None   # not asked for
     assert recorded(model, tok, prompts(), 2, 4, backend="generate")[1] is None
     assert recorded(model, tok, prompts(), 2, 4, generation_batch_size=2, **kw)[1] is None   # 2 decode calls
-    with fast.plain():                                                    # the switch off: nothing recorded
+    with switch.plain():                                                    # the switch off: nothing recorded
         assert recorded(model, tok, prompts(), 2, 4, **kw)[1] is None
     assert recorded(model, tok, prompts(), 2, 4, **kw)[1] is not None     # (what the lines above refuse)
     # not the lean path
@@ -211,8 +214,8 @@ def run_steps(reuse_on: bool, monkeypatch, calls: list, iterations: int = 1) -> 
                         "rollout.max_completion_length": 10, "optim.micro_batch_size": 4,
                         "optim.learning_rate": 1e-2, "loss.num_iterations": iterations, "loss.beta": 0.04,
                         "rollout.reuse_activations": reuse_on, "run.eval_limit": 0, "run.progress": False})
-    real = reuse.reused_logprobs                                         # the unpatched function
-    monkeypatch.setattr(fast, "reused_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = REUSED_LOGPROBS                                               # the unpatched function
+    monkeypatch.setattr(reuse, "reused_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
     state = build_state(cfg)
     before = {n: p.detach().clone() for n, p in state.model.named_parameters()}
@@ -258,8 +261,8 @@ def test_resume_with_reuse_is_bit_identical(tmp_path, monkeypatch):
                                  "run.eval_limit": 0, "run.progress": False,
                                  "run.output_dir": str(out), **over})
         calls = []
-        real = reuse.reused_logprobs
-        monkeypatch.setattr(fast, "reused_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+        real = REUSED_LOGPROBS
+        monkeypatch.setattr(reuse, "reused_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
         train_grpo(cfg(tmp_path / "full"))
         train_grpo(cfg(tmp_path / "cut", **{"run.max_steps": 2}))
         train_grpo(cfg(tmp_path / "cut", **{"run.resume": True}))
@@ -276,10 +279,12 @@ def test_auto_reuses_only_where_one_padded_micro_batch_is_cheaper(tok, monkeypat
     from types import SimpleNamespace
 
     from grpokit.train.distributed import Distributed
+    from grpokit.train.update import micro_batch_plan
 
     def plan(model, rollout, record, **over):
         cfg = build_config({"rollout.num_generations": 4, "rollout.prompts_per_step": 3, **over})
-        return reuse.update_plan(SimpleNamespace(cfg=cfg, model=model, dist=Distributed()), rollout, record)
+        state = SimpleNamespace(cfg=cfg, model=model, dist=Distributed())
+        return reuse.update_plan(state, rollout, micro_batch_plan(state, rollout), record)
 
     model = build("qwen2", tok)
     fixed, fixed_rec = recorded(model, tok, prompts(), 4, 12, backend="fast", suppress_eos=True, record=True)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.fast import small_attention
 from grpokit.model.logprobs import per_token_logprobs
 from grpokit.model.testing import bench_prompts, build_model
@@ -68,7 +68,7 @@ def test_installed_touches_this_model_only_and_no_global_entry():
 
 def test_a_training_pass_through_it_equals_the_plain_one():
     """per_token_logprobs of a batch with shared prompts, and every weight's gradient, the same inside
-    `fast.accelerated` (small attention on) and outside it, and the small attention really ran."""
+    `switch.accelerated` (small attention on) and outside it, and the small attention really ran."""
     model, tok = build_model("small", mean_length=6)
     model.train()
     torch.manual_seed(0)
@@ -85,7 +85,7 @@ def test_a_training_pass_through_it_equals_the_plain_one():
     g_plain = grads(plain)
     calls = []
     real = small_attention.attention
-    with fast.accelerated(model):
+    with switch.accelerated(model):
         small_attention.attention = lambda *a: calls.append(1) or real(*a)
         try:
             got = per_token_logprobs(model, r.input_ids, r.attention_mask, T)

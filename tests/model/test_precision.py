@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.config.schema import ConfigError, build_config
 from grpokit.model import precision
 from grpokit.model.loading import build_char_tokenizer, frozen_reference, tiny_random_model
@@ -162,7 +162,7 @@ def test_the_sampler_runs_bf16_matmuls_beside_fp32_kernels(tok):
     ids, mask = torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long)
     logits = []
     for dtype in (None, torch.bfloat16):
-        with computing_in(model, dtype), fast.accelerated(model):        # the C kernels: behind the switch
+        with computing_in(model, dtype), switch.accelerated(model):        # the C kernels: behind the switch
             dec = LeanDecoder(model, 1, 8)
             assert (dec.whole is None) == (dtype is not None)                  # the C whole step is fp32 only
             assert all(w["qkv"].weight.dtype == (dtype or torch.float32) for w in dec.layers)

@@ -1,5 +1,6 @@
 """Modes on 2 CPU ranks (gloo, torch.multiprocessing, WORLD_SIZE=2 as torchrun sets it): FSDP with LoRA and a
-KL reference, a damaged newest sharded checkpoint, and Algorithm 1 with one reward model for all ranks."""
+KL reference, a damaged newest sharded checkpoint, Algorithm 1 with one reward model for all ranks, and an
+agent run whose environments' random states each rank resumes as its own."""
 
 import hashlib
 import json
@@ -96,7 +97,27 @@ def _iterative(out: str, rm_path: str) -> dict:
             "samples": len(state.reward_loop.history)}
 
 
-TASKS = {"fsdp_lora": _fsdp_lora, "iterative": _iterative}
+def _agent_cfg(out: str, **over):
+    values = {"model.name_or_path": "builtin:tiny-random", "reward.funcs": {EASY: 1.0},
+              "rollout.environment": "guess_number",   # no secret in the rows: reset() draws it from env.rng
+              "rollout.prompts_per_step": 4, "rollout.num_generations": 2, "rollout.max_completion_length": 8,
+              "optim.learning_rate": 1e-2, "run.output_dir": out, "run.progress": False, "run.max_steps": 3,
+              "run.save_steps": 1, "run.save_total_limit": 3, "run.eval_limit": 0}
+    values.update(over)
+    return build_config(values)
+
+
+def _agent_resume(out: str, extra: str) -> dict:
+    """3 steps straight; 2 steps, then resumed to 3: weights and this rank's environment states."""
+    straight = train_grpo(_agent_cfg(out + "/straight"), train_examples=PROMPTS)
+    train_grpo(_agent_cfg(out + "/cut", **{"run.max_steps": 2}), train_examples=PROMPTS)
+    resumed = train_grpo(_agent_cfg(out + "/cut", **{"run.resume": True}), train_examples=PROMPTS)
+    return {"straight": _weights(straight), "resumed": _weights(resumed),
+            "env_straight": json.dumps(straight.agent.rng_state()),
+            "env_resumed": json.dumps(resumed.agent.rng_state())}
+
+
+TASKS = {"fsdp_lora": _fsdp_lora, "iterative": _iterative, "agent_resume": _agent_resume}
 
 
 def test_fsdp_with_lora_and_a_reference_trains_and_resumes_bit_identically(tmp_path):
@@ -128,3 +149,16 @@ def test_algorithm_1_keeps_one_reward_model_on_every_rank(tmp_path):
     assert ranks[0]["final"] == ranks[1]["final"] and ranks[0]["saved_equal"] and ranks[1]["saved_equal"]
     # both ranks' samples (2 steps x 2 prompts x 4 completions per iteration) in the one replay pool
     assert ranks[0]["samples"] == ranks[1]["samples"] == 2 * 2 * 2 * 4
+
+
+def test_an_agent_run_resumes_every_ranks_environments_bit_identically(tmp_path):
+    ranks = _spawn("agent_resume", tmp_path)
+    assert ranks[0]["env_straight"] != ranks[1]["env_straight"]            # each rank plays its own episodes
+    for r in ranks:
+        assert r["env_resumed"] == r["env_straight"]                       # rank 1's too, not rank 0's
+        assert [k for k in r["straight"] if not torch.equal(r["straight"][k], r["resumed"][k])] == []
+    first = load_file(tmp_path / "straight" / "checkpoint-1" / "model.safetensors")
+    assert any(not torch.equal(ranks[0]["straight"][k], v) for k, v in first.items())   # steps 2, 3 trained
+    blob = torch.load(tmp_path / "cut" / "checkpoint-2" / "trainer_state.pt", weights_only=True)
+    envs = [rank["env"] for rank in blob["rank_rng"]]                     # every rank's, in the checkpoint
+    assert len(envs) == 2 and envs[0] != envs[1]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.cli.membench import main as memory_main
 from grpokit.cli.membench import run_json_side
 from grpokit.config.choices import Precision
@@ -133,11 +133,11 @@ def bench_step(state: TrainState, prompts: list[str], args) -> tuple[dict, Rollo
     whether the update reused the sampler's projections)."""
     cfg, model, ref = state.cfg, state.model, state.ref_model
     timer, t0 = PhaseTimer(cuda=next(model.parameters()).is_cuda), time.perf_counter()
-    with fast.accelerated(model, cfg):                    # as train_step does
+    with switch.accelerated(model, cfg, buffers=state.speedup_buffers) as speedups:   # as train_step does
         with timer("generate"):
             r = sample_groups(model, state.tokenizer, prompts, args.num_generations, args.completion_length,
                               backend=args.backend, suppress_eos=args.fixed_length)
-        reused = fast.held_record() is not None                           # policy_update consumes it
+        reused = speedups.held_record() is not None                       # policy_update consumes it
         with timer("reward"):
             rewards = torch.tensor(digit_reward(r.completions))
         with timer("ref_forward"):

@@ -15,7 +15,7 @@ import importlib
 import logging
 import sys
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.config.run_config import DEMO, DEMO_TASK_KEYS, demo_config, describe, train_config  # noqa: F401  (public here too)
 from grpokit.errors import run_command
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd in SUBCOMMANDS:
-        fast.for_this_process()   # this process is grpokit's: its one process-wide speed-up (grpokit.fast)
+        switch.for_this_process()   # this process is grpokit's: its one process-wide speed-up
         return run_command(importlib.import_module(SUBCOMMANDS[cmd]).main, rest, debug)
     print(f"error: unknown command '{cmd}': use one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
     return 2

@@ -32,7 +32,7 @@ from typing import Any, Iterable
 
 import torch
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.config.schema import ModelConfig, build_config
 from grpokit.errors import UserError
 from grpokit.model.devices import place_model, resolve_device
@@ -112,7 +112,7 @@ def run_grpokit(args, model, tok, baseline: float) -> dict[str, Any]:
                        critic=build_critic(model, cfg) if args.side == "ppo" else None)
     for _ in range(args.steps):
         timer = PhaseTimer()
-        with fast.accelerated(model, cfg):   # as the trainer's steps run
+        with switch.accelerated(model, cfg, buffers=state.speedup_buffers):   # as the trainer's steps run
             r = sample_groups(model, tok, bench_prompts(B), G, T, suppress_eos=True)
             rewards = torch.tensor(digit_reward(r.completions))
             if args.side == "ppo":
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.side:
         if args.side in ("grpo", "ppo"):
-            fast.for_this_process()   # as the `grpokit` command's own process (its one process-wide setting)
+            switch.for_this_process()   # as the `grpokit` command's own process (its one process-wide step)
         print(json.dumps(run_side(args)))
         return 0
     results: dict[str, dict[str, Any]] = {}

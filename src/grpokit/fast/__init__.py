@@ -1,4 +1,4 @@
-"""The one switch for grpokit's optional CPU speed-ups: `with fast.accelerated(model, cfg):`.
+"""grpokit's optional CPU speed-ups, switched on by the one switch: `with switch.accelerated(model, cfg):`.
 
 Every speed-up sits beside the readable path, never inside it. Outside this context the training step
 is plain PyTorch: `per_token_logprobs` as model/logprobs.py writes it, the sampler's PyTorch decoder, no
@@ -32,173 +32,103 @@ do not run. The training passes' C attention (forward and backward) was removed 
 adopted (docs/performance.md, "What each speed-up pays").
 
 Each is restored on exit. One setting is process-wide and so not the library's to make: glibc keeping freed
-memory (`native.keep_freed_memory`) is set by the `grpokit` command for its own process (`for_this_process`),
-never by `train_grpo` or this switch. The results equal the plain
+memory (`native.keep_freed_memory`) is set by the `grpokit` command for its own process
+(`switch.for_this_process`), never by `train_grpo` or the switch. The results equal the plain
 path to float32 rounding (tests/fast/test_fast_step.py runs a whole train_step both ways).
 
-The activation record (grpokit.fast.reuse) lives in the scope, not in the `Rollout`: the sampler starts one
-when the scope asks for it (`recording_policy`, decided once at entry), hands it back when decoding
-ends, and `update_plan` decides once per step whether the update reuses it.
+Only `grpokit.switch` imports this package. The readable path asks `grpokit.model.speedups.active()`,
+which inside the switch is this package's `Scope`: its answers bring the kernels, the activation record
+and the head's casts, each to the call that asked. The activation record (grpokit.fast.reuse) lives in
+the scope, not in the `Rollout`: the sampler starts one when the scope asks for it (`recording_policy`,
+decided once at entry), hands it back when decoding ends, and `update_plan` decides once per step
+whether the update reuses it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
 from grpokit.fast import fused_ops, master_grads, native, reuse, small_attention, whole_step
-from grpokit.model.logprobs import checkpointing_enabled
-from grpokit.model.precision import compute_dtype
+from grpokit.model.speedups import Speedups
 
-reused_logprobs = reuse.reused_logprobs   # the update's forward on a record (update.rows_logprobs)
-
-
-@dataclass
-class Scope:
-    """One `accelerated` context: whether kernels are on, what the sampler records, the record held."""
-
-    on: bool
-    model_id: int = -1
-    recording: bool | Callable = False            # False, True, or lengths [N] -> bool (`recording_policy`)
-    record: reuse.ActivationRecord | None = None  # the sampler's record of this scope's batch
-    started: int = 0                              # records started (a second one: the batch was split)
-    plan: tuple | None = None                     # (rollout, update_plan result): decided once per batch
+__all__ = ["Scope", "fused_ops", "master_grads", "native", "reuse", "small_attention", "whole_step"]
 
 
-_PLAIN = Scope(on=False)
-_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("grpokit_fast", default=None)
-
-
-def active() -> Scope:
-    """The current scope (a plain one outside any `accelerated` context)."""
-    return _SCOPE.get() or _PLAIN
-
-
-@contextlib.contextmanager
-def accelerated(model: torch.nn.Module, cfg=None, *, world_size: int = 1, enabled: bool = True,
-                record: bool | Callable | None = None, timer=None) -> Iterator[Scope]:
-    """Every optional CPU speed-up on for the passes inside (see the module docstring); restored on exit.
+class Scope(Speedups):
+    """One `switch.accelerated` call's answers to `Speedups`: the kernels, the record it holds, the plan.
 
     Args:
-        model: the policy; its fused ops are swapped in, its sampling may be recorded.
-        cfg: the run's GRPOConfig: what to record for reuse (`reuse.recording_policy`); None: no record.
-        world_size: processes training together (a record is only reused with one).
-        enabled: False runs the plain path (as does `plain()`).
-        record: overrides cfg's recording policy (tests, bench): False, True, or lengths -> bool.
-        timer: a `grpokit.observe.metrics.PhaseTimer`; the swaps in and out are timed as its "accelerate"
-            phase.
-
-    A context entered inside another one changes nothing (the outer one decides).
+        model: the policy (only its sampling is recorded).
+        recording: False, True, or lengths [N] -> bool (`reuse.recording_policy`).
+        head_casts: the lm-head's cast leaves (`master_grads.HeadCasts`), or None: autograd's cast.
+        buffers: the record's reusable gate/up buffers, a dict the caller may keep between calls.
     """
-    if _SCOPE.get() is not None:
-        yield active()
-        return
-    if not enabled:
-        with plain() as scope:
-            yield scope
-        return
-    timed = (lambda: timer("accelerate")) if timer is not None else contextlib.nullcontext
-    stack = contextlib.ExitStack()
-    with timed():
-        policy = record if record is not None else (
-            reuse.recording_policy(cfg, world_size, model) if cfg is not None else False)
-        scope = Scope(on=True, model_id=id(model), recording=policy)
-        if not checkpointing_enabled(model):  # a checkpointed recompute would run the class's forward later
-            stack.enter_context(fused_ops.fused_ops(model))
-        stack.enter_context(small_attention.installed(model))   # with grouped K/V under a mask on the CPU
-        if world_size == 1 and compute_dtype(model) is not None:   # pays in mixed precision (not fp32);
-            stack.enter_context(master_grads.installed(model))       # DDP / FSDP reduce grads before it adds
-        token = _SCOPE.set(scope)
-        stack.callback(_SCOPE.reset, token)
-    try:
-        yield scope
-    finally:
-        with timed():
-            stack.close()
 
+    on = True
 
-def for_this_process() -> None:
-    """The process-wide speed-up, for a process grpokit owns (the `grpokit` command calls it at start):
-    glibc keeps freed memory for the next pass (`native.keep_freed_memory`; GRPOKIT_KEEP_MEMORY=0: off)."""
-    native.keep_freed_memory()
+    def __init__(self, model: torch.nn.Module, recording: bool | Callable = False,
+                 head_casts: master_grads.HeadCasts | None = None, buffers: dict | None = None) -> None:
+        self.model_id = id(model)
+        self.recording = recording
+        self.head_casts = head_casts
+        self.buffers = {} if buffers is None else buffers
+        self.record: reuse.ActivationRecord | None = None   # the sampler's record of this scope's batch
+        self.started = 0                                     # records started (2: the batch was split)
+        self.plan: tuple | None = None                       # (rollout, update plan): decided once per batch
 
+    def decode_kernels(self, model) -> native.DecodeKernels | None:
+        """The C kernels for this model (float32 on the CPU), else None."""
+        return native.kernels_for(model)
 
-@contextlib.contextmanager
-def plain() -> Iterator[Scope]:
-    """The plain PyTorch path for everything inside, even where an `accelerated` context is entered."""
-    token = _SCOPE.set(_PLAIN)
-    try:
-        yield _PLAIN
-    finally:
-        _SCOPE.reset(token)
+    def whole_step(self, decoder, rows: int) -> whole_step.WholeStep | None:
+        """The lean decoder's whole decode step as one C call where it applies (`WholeStep.plan`); None."""
+        return whole_step.WholeStep.plan(decoder, rows)
 
+    def start_record(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                     max_new_tokens: int, dims: dict[str, int], n_layers: int
+                     ) -> reuse.ActivationRecord | None:
+        """A new `ActivationRecord` when this scope records `model`'s batch, else None. A second sampling
+        call in one scope (a batch decoded in pieces) drops the record: it covers part only."""
+        if not self.recording or id(model) != self.model_id:
+            return None
+        self.started += 1
+        if self.started > 1:
+            self.record = None
+            return None
+        rec = reuse.ActivationRecord(model, prompt_ids, prompt_mask, group_size, max_new_tokens, dims,
+                                     n_layers, pool=self.buffers)
+        rec.pays = None if self.recording is True else self.recording
+        return rec
 
-def kernels_for(model) -> native.DecodeKernels | None:
-    """The C kernels for this model inside an `accelerated` context (float32 on the CPU), else None."""
-    return native.kernels_for(model) if active().on else None
+    def hold_record(self, record: reuse.ActivationRecord) -> None:
+        if self.started == 1:
+            self.record = record
 
+    def held_record(self) -> reuse.ActivationRecord | None:
+        return self.record
 
-def whole_step_for(decoder, rows: int) -> whole_step.WholeStep | None:
-    """The lean decoder's whole decode step as one C call where it applies (`WholeStep.plan`), else None."""
-    return whole_step.WholeStep.plan(decoder, rows) if active().on else None
+    def decide_reuse(self, state, rollout, plain_plan: Callable) -> bool:
+        return self._plan(state, rollout, plain_plan)[1] is not None
 
+    def update_plan(self, state, rollout, plain_plan: Callable) -> tuple[list[torch.Tensor],
+                                                                        reuse.ActivationRecord | None, bool]:
+        """`reuse.update_plan` for `rollout`, decided once; the record is handed over once (a second ask
+        gets the plain plan)."""
+        groups, record, last = self._plan(state, rollout, plain_plan)
+        self.record = None
+        self.plan = (rollout, (groups, None, False))
+        return groups, record, last
 
-def start_record(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
-                 max_new_tokens: int, dims: dict[str, int], n_layers: int) -> reuse.ActivationRecord | None:
-    """A new `ActivationRecord` for the sampler to fill, when this scope records `model`'s batch; else None.
-    A second sampling call in one scope (a batch decoded in pieces) drops the record: it covers part only."""
-    scope = active()
-    if not scope.on or not scope.recording or id(model) != scope.model_id:
-        return None
-    scope.started += 1
-    if scope.started > 1:
-        scope.record = None
-        return None
-    rec = reuse.ActivationRecord(model, prompt_ids, prompt_mask, group_size, max_new_tokens, dims, n_layers)
-    rec.pays = None if scope.recording is True else scope.recording
-    return rec
-
-
-def hold_record(record: reuse.ActivationRecord) -> None:
-    """The sampler's finished record, kept by the scope until the update takes it (`update_plan`)."""
-    scope = active()
-    if scope.on and scope.started == 1:
-        scope.record = record
-
-
-def held_record() -> reuse.ActivationRecord | None:
-    """The record this scope holds (None: none recorded, dropped, or already taken by the update)."""
-    return active().record
-
-
-def decide_reuse(state, rollout) -> bool:
-    """Decide now (once per batch) whether the update reuses the record; a record that will not be used
-    is freed at once, before the reference and old-policy passes. True when it will be reused."""
-    return _plan(state, rollout)[1] is not None
-
-
-def update_plan(state, rollout) -> tuple[list[torch.Tensor], reuse.ActivationRecord | None, bool]:
-    """(micro-batches, the record to reuse or None, whether that use is its last) for the update of
-    `rollout` (`reuse.update_plan`); the record is handed over once. Outside a scope: the plain plan."""
-    groups, record, last = _plan(state, rollout)
-    scope = active()
-    if scope.on:
-        scope.record = None
-        scope.plan = (rollout, (groups, None, False))   # handed over: a second ask gets the plain plan
-    return groups, record, last
-
-
-def _plan(state, rollout) -> tuple:
-    scope = active()
-    if scope.plan is not None and scope.plan[0] is rollout:
-        return scope.plan[1]
-    plan = reuse.update_plan(state, rollout, scope.record if scope.on else None)
-    if scope.on:
-        scope.plan = (rollout, plan)
+    def _plan(self, state, rollout, plain_plan: Callable) -> tuple:
+        if self.plan is not None and self.plan[0] is rollout:
+            return self.plan[1]
+        plan = reuse.update_plan(state, rollout, plain_plan(state, rollout), self.record)
+        self.plan = (rollout, plan)
         if plan[1] is None:
-            scope.record = None                          # it would not pay for these lengths: free it now
-    return plan
+            self.record = None                          # it would not pay for these lengths: free it now
+        return plan
+
+    def cast_head(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.head_casts(weight, dtype) if self.head_casts is not None else weight.to(dtype)

@@ -20,7 +20,7 @@ their readers' gradients in bf16, not float32, and was not kept).
 
 The model's own modules stay in place (LoRA-wrapped projections included); `fused_ops(model)` swaps
 only the forward of MLP and RMSNorm modules of known classes, for the duration of a
-`grpokit.fast.accelerated` context, and restores it after. Results equal the eager ops to float32 rounding.
+`grpokit.switch.accelerated` context, and restores it after. Results equal the eager ops to float32 rounding.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ The same treatment of every linear layer's weight (autocast's casts) was measure
 gradients are small enough to stay in cache.
 
 One process only: DistributedDataParallel and FSDP reduce a gradient when autograd accumulates it,
-before these hooks would add to it (`grpokit.fast.accelerated` installs this at world size 1, in mixed
+before these hooks would add to it (`grpokit.switch.accelerated` installs this at world size 1, in mixed
 precision only: in fp32 it measured 0.98x, within that day's noise). Plain
 `nn.Embedding`s whose weight trains (no max_norm, scale_grad_by_freq or sparse) and plain Parameter
 heads only; anything else keeps autograd's path.
@@ -34,8 +34,6 @@ import functools
 from collections.abc import Iterator
 
 import torch
-
-from grpokit.model import logprobs
 
 
 def lookup(module: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
@@ -62,7 +60,8 @@ def add_rows(weight: torch.Tensor, ids: torch.Tensor, padding_idx: int | None, g
 
 
 class HeadCasts:
-    """`logprobs.cast_head` for the duration of `installed`: one cast leaf per (weight, version, dtype)."""
+    """The head's cast for the duration of `installed` (the switch's scope answers
+    `Speedups.cast_head` with it): one cast leaf per (weight, version, dtype)."""
 
     def __init__(self) -> None:
         self.casts: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
@@ -103,16 +102,15 @@ def _swappable(module: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def installed(model: torch.nn.Module) -> Iterator[None]:
-    """For the duration: the model's trainable plain embeddings look up with `lookup`, and the lm-head's
-    compute-dtype copy comes from a `HeadCasts`; both restored on exit."""
+def installed(model: torch.nn.Module) -> Iterator[HeadCasts]:
+    """For the duration: the model's trainable plain embeddings look up with `lookup` (restored on exit).
+    Yields the `HeadCasts` the lm-head's compute-dtype copy should come from, for the switch to hand to
+    the passes inside (`grpokit.model.speedups.Speedups.cast_head`); nothing outside the call sees it."""
     swapped = [m for m in model.modules() if _swappable(m)]
     for m in swapped:
         m.forward = functools.partial(lookup, m)
-    before, logprobs.cast_head = logprobs.cast_head, HeadCasts()
     try:
-        yield
+        yield HeadCasts()
     finally:
-        logprobs.cast_head = before
         for m in swapped:
             del m.forward

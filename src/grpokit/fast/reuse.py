@@ -18,7 +18,7 @@ The record is only used while it describes the model and the batch: same module,
 unchanged since sampling (torch's in-place version counters, which an optimizer step bumps), no
 dropout, the same prompts and tokens. Whether to record and to reuse at all is decided at the end of
 this module (`recording_policy`, `reuse_pays`, `update_plan`; `rollout.reuse_activations`); the
-record itself is held by the `grpokit.fast.accelerated` scope between sampling and the update.
+record itself is held by the `grpokit.switch.accelerated` scope between sampling and the update.
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ import torch.nn.functional as F
 
 from grpokit.fast.fused_ops import silu_mul_halves
 from grpokit.fast.native import kernels_for
-from grpokit.model.buckets import launch_tokens, length_buckets, micro_batches
+from grpokit.model.buckets import launch_tokens, length_buckets
 from grpokit.model.llama_layer import LayerSpec, decoder_layer, rms_norm, signed_sin
 from grpokit.model.logprobs import (
     checkpointing_enabled,
     head_logprobs,
-    model_shares_prompts,
     position_ids_from_mask,
 )
 from grpokit.model.lora import is_peft_model
@@ -58,14 +57,21 @@ class ActivationRecord:
     """
 
     def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
-                 max_new_tokens: int, dims: dict[str, int], n_layers: int) -> None:
+                 max_new_tokens: int, dims: dict[str, int], n_layers: int, pool: dict | None = None) -> None:
         N, slots = prompt_ids.shape[0] * group_size, max(max_new_tokens - 1, 0)
         w = model.get_output_embeddings().weight
+        # spent records' gate/up buffers, reused by the next record of the same shape: writing into fresh
+        # memory costs its first-touch page faults (~0.1 s a step on the small bench model). The caller
+        # keeps the dict between steps (the train state's, through the switch); only gate/up: q/k/v, o
+        # and down are freed during the forward (`consume`), and pooling them would keep them through
+        # backward.
+        self.pool = {} if pool is None else pool
         self.model_id = id(model)
         self.versions = _versions(model)
         self.prompt_ids, self.prompt_mask, self.group_size = prompt_ids, prompt_mask, group_size
         self.prompt: list[dict[str, torch.Tensor]] = [{} for _ in range(n_layers)]
-        self.comp = [{k: _buffer(k, (slots, N, d), w) for k, d in dims.items()} for _ in range(n_layers)]
+        self.comp = [{k: _buffer(self.pool, k, (slots, N, d), w) for k, d in dims.items()}
+                     for _ in range(n_layers)]
         self.rows: torch.Tensor | None = None                            # live rows in decoding (None = all)
         self.pays = None                # lengths [N] -> bool: keep recording? (`recording_policy`)
         self.prompt_len = prompt_mask.sum(-1).repeat_interleave(group_size)   # [N]
@@ -133,25 +139,24 @@ class ActivationRecord:
     def release(self) -> None:
         """The record is spent (call it after the backward that used it): the gate/up buffers go to the
         pool for the next record, everything else is dropped."""
-        _POOL.clear()
+        self.pool.clear()
         for layer in self.comp:
             if "gu" in layer:
-                _POOL.setdefault(_key(layer["gu"]), []).append(layer["gu"])
+                self.pool.setdefault(_key(layer["gu"]), []).append(layer["gu"])
         self.comp, self.prompt = [], []
 
-
-# Released gate/up buffers, reused by the next record of the same shape: writing into fresh memory costs
-# its first-touch page faults (~0.1 s a step on the small bench model). Only gate/up: q/k/v, o and down
-# are freed during the forward (`consume`), and pooling them would keep them through backward.
-_POOL: dict[tuple, list[torch.Tensor]] = {}
+    def logprobs(self, model, rows: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 completion_length: int, **kw):
+        """The update's forward on this record: `reused_logprobs` (same arguments, same returns)."""
+        return reused_logprobs(model, self, rows, input_ids, attention_mask, completion_length, **kw)
 
 
 def _key(t: torch.Tensor) -> tuple:
     return tuple(t.shape), t.dtype, t.device
 
 
-def _buffer(name: str, shape: tuple, like: torch.Tensor) -> torch.Tensor:
-    pooled = _POOL.get((shape, like.dtype, like.device)) if name == "gu" else None
+def _buffer(pool: dict, name: str, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    pooled = pool.get((shape, like.dtype, like.device)) if name == "gu" else None
     return pooled.pop() if pooled else torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
@@ -293,7 +298,7 @@ REUSE_COST = 2 / 3
 
 
 def recording_policy(cfg, world_size: int, model):
-    """What the sampler records inside `fast.accelerated(model, cfg)` (decided once, at entry): False (no
+    """What the sampler records inside `switch.accelerated(model, cfg)` (decided once, at entry): False (no
     record), True (record), or for "auto" a function lengths [N] -> bool that the sampler asks whenever
     rows finish, dropping the record once it will not pay (`reuse_pays`, live rows counted at the limit).
 
@@ -333,26 +338,22 @@ def reuse_pays(lengths: torch.Tensor, n_params: int, loss_type: str, iterations:
     return (REUSE_COST + iterations - 1) * (float(lengths.max()) * N + launch) < iterations * plain
 
 
-def update_plan(state, rollout, record: ActivationRecord | None) -> tuple[list[torch.Tensor],
-                                                                         ActivationRecord | None, bool]:
-    """(micro-batches, `record` (the sampler's) to reuse or None, whether that use is its last).
+def update_plan(state, rollout, groups: list[torch.Tensor], record: ActivationRecord | None
+                ) -> tuple[list[torch.Tensor], ActivationRecord | None, bool]:
+    """(micro-batches, `record` (the sampler's) to reuse or None, whether that use is its last); groups:
+    the plain pass's micro-batches (`grpokit.train.update.micro_batch_plan`).
 
     "auto" reuses with one micro-batch of every row when `reuse_pays` for the final lengths (else the
     plain pass's length buckets, record dropped); true reuses over the plain micro-batches as they are.
     """
     cfg, N = state.cfg, rollout.completion_ids.shape[0]
     mb = cfg.optim.micro_batch_size or N
-    n_params = sum(p.numel() for p in state.model.parameters())
-    # bnpo normalizes per micro-batch, so it keeps the plain consecutive slices (its math does not depend
-    # on the lengths); everything else groups rows of similar length (less padding).
-    shared = rollout.prompt_ids if model_shares_prompts(state.model) else None   # a group's prompt runs once
-    groups = micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params,
-                           by_length=cfg.loss.loss_type != "bnpo", prompt_ids=shared)
     if record is None or not (state.dist.world_size == 1 and record.usable(state.model, rollout)):
         return groups, None, False
     if cfg.rollout.reuse_activations is True:
         return groups, record, len(groups) == 1
     lengths = rollout.prompt_mask.sum(-1) + rollout.completion_mask.sum(-1)           # [N]
+    n_params = sum(p.numel() for p in state.model.parameters())
     if mb >= N and reuse_pays(lengths, n_params, cfg.loss.loss_type, cfg.loss.num_iterations):
         return [torch.arange(N)], record, True
     return groups, None, False

@@ -11,7 +11,7 @@ with the g query heads of each key/value head stacked as rows (no repeat_kv copi
 softmax (float32) and P in the compute dtype: 6 bytes a score, so it runs only when
 B x heads x Tq x Tk <= MAX_SCORES (6 MiB a layer); longer passes (GSM8K's 500-token prompts) keep SDPA.
 No-grad passes (sampling, the reference) keep SDPA too: its forward is as fast and saves nothing.
-`installed(model)` runs it for that model's attention for the duration (`grpokit.fast.accelerated`),
+`installed(model)` runs it for that model's attention for the duration (`grpokit.switch.accelerated`),
 through an attention entry of grpokit's own (NAME), which also gives torch's CPU SDPA grouped keys/values
 with a mask (no repeat_kv copies saved for backward). No environment variable, no global entry replaced.
 """

@@ -2,7 +2,8 @@
 
 Used where no weight is packed for oneDNN (models below ~512 x 512 matrices): the Python loop over
 layers costs ~25% of such a step, and MKL's sgemm re-packs every weight at every call at 32 rows.
-The kernels come from `grpokit.fast.native`; the sampler reaches this through `grpokit.fast.whole_step_for`.
+The kernels come from `grpokit.fast.native`; the sampler reaches this through the one switch's scope
+(`grpokit.fast.Scope.whole_step`).
 """
 
 from __future__ import annotations

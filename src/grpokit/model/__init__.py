@@ -7,6 +7,8 @@
     precision    fp32 master weights with bf16 compute where the hardware has native bf16 matmuls
     logprobs     [D] per_token_logprobs without a [B, T, V] log-softmax
     buckets      micro-batch plans for the log-prob passes (length buckets, a group's prompt run once)
+    speedups     what the readable path may ask of the optional speed-ups (the one switch's scope), and the
+                 plain answers
     llama_layer  one Llama-family decoder layer in PyTorch (the lean decoder and the reuse path share it)
     testing      random-init models and fixed work for tests and benchmarks, built offline
 """

@@ -10,7 +10,7 @@ state is the [B, T, H] hidden states, not [B, T, V] logits. Rows that share a pr
 run that prompt through the decoder once (`shared_prompt_hidden`).
 
 This is the plain path: PyTorch ops only. The optional CPU kernels (C attention, fused SiLU x up and
-RMSNorm, grouped keys/values in SDPA) are switched on around it by `grpokit.fast.accelerated`.
+RMSNorm, grouped keys/values in SDPA) are switched on around it by `grpokit.switch.accelerated`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import inspect
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from grpokit.model import speedups
 from grpokit.model.precision import autocast_for, head_dtype
 
 # Architectures whose decoder takes a transformers DynamicCache with the usual (ids, mask, positions).
@@ -213,12 +214,6 @@ def _plain_tensors(*tensors) -> bool:
     return all(x is None or type(x) in (torch.Tensor, torch.nn.Parameter) for x in tensors)
 
 
-def cast_head(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The lm-head weight in the compute dtype; autograd carries its gradient back through the cast
-    (`grpokit.fast.master_grads` swaps in a cast made once per update that adds it in place)."""
-    return weight.to(dtype)
-
-
 def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor | None,
                   bias: torch.Tensor | None, *, temperature: float, chunk_rows: int = 1024,
                   return_entropy: bool = False, compute_dtype: torch.dtype | None = None,
@@ -236,7 +231,9 @@ def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Ten
     ratio, KL and loss stay float32.
     """
     if compute_dtype is not None and weight is not None:
-        hidden, weight = hidden.to(compute_dtype), cast_head(weight, compute_dtype)
+        # autograd's cast; inside the switch in mixed precision, one cast leaf per update whose gradient is
+        # added into the float32 .grad in place (`grpokit.fast.master_grads`)
+        hidden, weight = hidden.to(compute_dtype), speedups.active().cast_head(weight, compute_dtype)
         bias = None if bias is None else bias.to(compute_dtype)
     B, T, H = hidden.shape
     flat_h = hidden.reshape(B * T, H)                                     # [B*T, H]

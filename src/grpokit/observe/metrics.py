@@ -25,7 +25,7 @@ import torch
 # The top-level phases of one step, in the order they run: together they cover the "step" timer up to
 # the untimed glue between them (see `finish_step_row`). Nested timers ("optimizer", inside "update")
 # are reported too but are not phases of their own.
-# accelerate: the speed-up switch swapping kernels in and out (grpokit.fast)
+# accelerate: the speed-up switch swapping kernels in and out (grpokit.switch)
 PHASES = ("accelerate", "generate", "reward", "ref_forward", "old_forward", "value_forward", "advantage",
           "update", "save", "log")
 

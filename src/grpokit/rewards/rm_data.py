@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.errors import UserError, written_aside
 from grpokit.observe.tracking import prompt_id
 from grpokit.rewards.rm_text import completion_text, split_steps
@@ -279,7 +279,7 @@ def _sample_texts(model, tokenizer, cfg, prompts: Sequence[Any], group_size: int
     """G sampled completions per prompt (the config's sampling settings), G of each prompt contiguous."""
     r, texts = cfg.rollout, []
     for s in range(0, len(prompts), chunk):
-        with fast.accelerated(model):     # grpokit's optional CPU speed-ups (the fast decoder's kernels)
+        with switch.accelerated(model):     # grpokit's optional CPU speed-ups (the fast decoder's kernels)
             rollout = sample_groups(model, tokenizer, list(prompts[s:s + chunk]), group_size,
                                     r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
                                     top_k=r.top_k, max_prompt_length=r.max_prompt_length,

@@ -3,8 +3,8 @@
     groups        sample_groups, Rollout (ids, attention and loss masks), prompt encoding
     trajectory    a multi-turn sample's record: its turns (completion columns), tool calls, why it ended
     turns         the multi-turn decode loop: rows stop at tool calls and are fed the results
-    sampler       grpokit's own KV-cache decode loop (rollout.backend=fast); its C kernels come through
-                  grpokit.fast
+    sampler       grpokit's own KV-cache decode loop (rollout.backend=fast); its C kernels come from the
+                  one switch's scope (grpokit.model.speedups)
     decode_linear the decode loop's matmuls (weights packed once per call for oneDNN)
     cached_engine the decode loop's engine for other architectures (a transformers DynamicCache)
     sampling      the token draw: temperature, top-k, top-p, exactly `generate`'s distribution

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.model.logprobs import per_token_logprobs
 from grpokit.model.precision import autocast_for
 from grpokit.rollout.groups import Rollout, sample_groups
@@ -141,9 +141,9 @@ def rollout_from(payload: bytes | dict[str, Any]) -> Rollout:
 
 
 def sample_batch(model: torch.nn.Module, tokenizer, prompts: list, kw: dict[str, Any]) -> Rollout:
-    """One batch the way the synchronous step samples it (the fast sampler inside grpokit.fast's switch),
+    """One batch the way the synchronous step samples it (the fast sampler inside the one switch, grpokit.switch),
     with the sampling log-probs: the sampler's own, or one forward pass when the backend has none."""
-    with fast.accelerated(model, None):
+    with switch.accelerated(model, None):
         rollout = sample_groups(model, tokenizer, prompts, **kw)
     if rollout.sampling_logprobs is None:   # backend=generate: the log-probs of the sampled tokens
         with torch.no_grad(), autocast_for(model):

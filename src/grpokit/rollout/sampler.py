@@ -33,7 +33,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from grpokit import fast
+from grpokit.model import speedups
 from grpokit.model.llama_layer import LayerSpec, decoder_layer, gated_mlp_input, rms_norm, signed_sin
 from grpokit.model.loading import eval_mode
 from grpokit.model.logprobs import CACHE_MODEL_TYPES, position_ids_from_mask
@@ -99,7 +99,7 @@ def lean_supported(model, max_positions: int) -> bool:
     return _plain_linear(model.get_output_embeddings())
 
 
-# Prompts up to this length are prefilled as one-call decode steps (`fast.whole_step.WholeStep.prefill`);
+# Prompts up to this length are prefilled as one-call decode steps (the switch's `whole_step`, `.prefill`);
 # longer ones as one batched pass. Tiny bench model, 4 prompts: 2.9 vs 4.0 ms at 10 tokens, 7.2 vs 5.5 ms
 # at 32, 13.2 vs 8.1 at 64.
 PREFILL_STEPS_MAX = 16
@@ -144,11 +144,12 @@ class LeanDecoder:
         positions = torch.arange(max_len, device=w.device)[None]          # [1, S]
         cos, sin = dec.rotary_emb(w[:1][None], positions)                 # [1, S, hd] each
         self.cos, self.sin = cos[0], signed_sin(sin[0])   # rotate_half(x) * sin == roll(x, hd/2) * signed
-        # an ActivationRecord (grpokit.fast.reuse), the decode step
+        # the record of the projection outputs (`speedups.Speedups.start_record`), the decode step
         self.record, self.record_step = None, None
-        self.native = fast.kernels_for(model)        # C kernels (grpokit.fast.native) inside fast.accelerated
+        scope = speedups.active()                      # the one switch's speed-ups, or the plain answers
+        self.native = scope.decode_kernels(model)      # C kernels for the steps below, or None
         self.silu = getattr(cfg, "hidden_act", None) in ("silu", "swish")
-        self.whole = fast.whole_step_for(self, rows)  # the whole step in one C call where it applies, or None
+        self.whole = scope.whole_step(self, rows)      # the whole step in one C call where it applies; None
         # The KV cache. With the C kernels, G > 1 rows per prompt and no one-call step (whose short prompts
         # are cheap to copy), each prompt's slots are kept once, `prefix` [layers, 2, B, kv_heads, P, hd],
         # and read by its G rows (`prefix_row`: each row's prompt); `kv` then holds each row's own slots
@@ -277,8 +278,8 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
             (`grpokit.rollout.turns.decode_turns`); None: one turn, the plain loop. row0: the first row's
             index in the driver's batch.
 
-    Inside a `grpokit.fast.accelerated` scope that records this model's batch, the lean engine records
-    every projection output (`grpokit.fast.reuse.ActivationRecord`) and hands it to the scope at the end.
+    Inside a `grpokit.switch.accelerated` scope that records this model's batch, the lean engine records
+    every projection output (`speedups.Speedups.start_record`) and hands it to the scope at the end.
 
     Returns:
         (completion_ids [B*G, T'], sampling log-probs [B*G, T']), T' <= max_new_tokens (the longest row).
@@ -303,7 +304,7 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
         record = engine.dec.record if lean else None
         if record is not None:
             record.finish(tokens)
-            fast.hold_record(record)
+            speedups.active().hold_record(record)
         return tokens, logps
 
 
@@ -354,8 +355,9 @@ class _LeanEngine:
         B, P = prompt_ids.shape
         self.P, N = P, B * group_size
         self.dec = LeanDecoder(model, N, P + max_new_tokens, prompts=B, prompt_len=P)
-        self.dec.record = fast.start_record(model, prompt_ids, prompt_mask, group_size, max_new_tokens,
-                                            self.dec.dims(), len(self.dec.layers))   # None: not recording
+        self.dec.record = speedups.active().start_record(model, prompt_ids, prompt_mask, group_size,
+                                                         max_new_tokens, self.dec.dims(),
+                                                         len(self.dec.layers))   # None: not recording
         self.logits0 = self.dec.prefill(prompt_ids, prompt_mask, group_size).repeat_interleave(group_size, 0)
         mask = prompt_mask.bool().repeat_interleave(group_size, 0)
         self.key_mask = torch.cat([mask, mask.new_ones(N, max_new_tokens)], 1)   # [N, P + T] valid key slots

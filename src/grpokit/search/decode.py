@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.rollout import sampler
 from grpokit.rollout.groups import eos_token_ids, render_prompts, sample_groups
 from grpokit.search.common import Completion, SearchError
@@ -84,7 +84,7 @@ class Decoder:
     def complete(self, prompts: Sequence, n: int, *, greedy: bool = False) -> list[list[Completion]]:
         """n whole completions per prompt (sample_groups, group_size = n); tokens = the row's mask sum."""
         r = self.cfg.rollout
-        with fast.accelerated(self.model):
+        with switch.accelerated(self.model):
             ro = sample_groups(self.model, self.tokenizer, list(prompts), n, r.max_completion_length,
                                temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                max_prompt_length=r.max_prompt_length, truncate_prompt=r.truncate_prompt,
@@ -119,7 +119,7 @@ class Decoder:
         row_limits = [lim for lim in limits for _ in range(n)]                           # [B * n]
         vocab = self.model.get_output_embeddings().weight.shape[0]
         driver = StepStop(self.tokenizer, self.eos_ids, separator, row_limits, vocab)
-        with fast.accelerated(self.model):
+        with switch.accelerated(self.model):
             tokens, _ = sampler.fast_sample(self.model, ids.to(device), mask.to(device), n, max(limits),
                                             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                             eos_ids=self.eos_ids, pad_id=pad, driver=driver)

@@ -136,7 +136,7 @@ def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None
     rows = metrics.read_bytes().count(b"\n") if size else 0
     torch.save({"optimizer": None if sharded else state.optimizer.state_dict(),
                 "scheduler": state.scheduler.state_dict(),
-                # rank_rng: every rank's, when distributed
+                # rank_rng: every rank's (its environments' too), when distributed
                 "rng": rng_state(), "rank_rng": getattr(state, "rank_rng", None),
                 "world_size": state.dist.world_size if getattr(state, "dist", None) is not None else 1,
                 "step": state.step, "cursor": state.stream.cursor,

@@ -157,6 +157,12 @@ class Distributed:
         if self.rank > 0:
             torch.manual_seed(seed + 1_000_003 * self.rank)
 
+    def seed_environments(self, agent: Any, seed: int) -> None:
+        """Rank r > 0's training environments on their own random streams, as `seed` does for sampling."""
+        if self.rank > 0 and agent is not None and agent.pool is not None:
+            agent.pool.seed = seed + 1_000_003 * self.rank
+            agent.pool.reseed()
+
     # ---- collectives (identity for one process) --------------------------------------------------
     def barrier(self) -> None:
         if self.enabled:
@@ -363,10 +369,11 @@ class Distributed:
 
     # ---- checkpoints (grpokit.train.checkpoint, resume; fsdp_checkpoint for the shards) ----------
     def save_checkpoint(self, state: Any, out_dir: str | Path, metrics_row: dict | None = None) -> None:
-        """checkpoint-<step> with every rank's RNG state (state.rank_rng): rank 0 writes it, DDP replicas
-        being equal; under FSDP every rank writes its shards, rank 0 the rest (`save_sharded`)."""
+        """checkpoint-<step> with every rank's RNG states (state.rank_rng, environments' too): rank 0 writes
+        it, DDP replicas being equal; under FSDP each rank writes its shards, rank 0 the rest."""
         if self.enabled:
-            state.rank_rng = self.gather_object(checkpoint.rng_state())
+            env = state.agent.rng_state() if getattr(state, "agent", None) is not None else None
+            state.rank_rng = self.gather_object({**checkpoint.rng_state(), "env": env})
         if self.fsdp and self.enabled:
             save_sharded(self, state, Path(out_dir), metrics_row)
         else:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.config.schema import GRPOConfig
 from grpokit.observe.agent_metrics import per_trajectory, trajectory_means
 from grpokit.rewards.scoring import (
@@ -104,7 +104,7 @@ def decode_and_score(model, tokenizer, examples: Sequence, cfg: GRPOConfig, grou
     for s in tqdm(range(0, len(examples), batch), desc=desc, disable=not progress, leave=False,
                   dynamic_ncols=True):
         chunk, env_extra = examples[s:s + batch], {}
-        with fast.accelerated(model):     # grpokit's optional CPU speed-ups (the fast decoder's kernels)
+        with switch.accelerated(model):     # grpokit's optional CPU speed-ups (the fast decoder's kernels)
             if agent is not None:
                 rollout, env_extra = agent.sample(model, tokenizer, chunk, group_size, cfg, greedy=greedy,
                                                   evaluation=True)

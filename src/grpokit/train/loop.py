@@ -88,6 +88,7 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
         critic = build_critic(model, cfg)
     funcs = reward_funcs or build_reward_funcs(cfg, next(model.parameters()).device)
     agent = agent if agent is not None else agent_from_config(cfg)
+    dist.seed_environments(agent, cfg.run.seed)             # rank r > 0: its own episodes
     if agent is not None:   # an environment's get_reward(): one more reward column, weight 1 (TRL's)
         funcs = funcs + [f for f in agent.reward_funcs if f[0] not in {n for n, _, _ in funcs}]
     if not funcs:

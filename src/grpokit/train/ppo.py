@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.config.schema import GRPOConfig
 from grpokit.core.loss import grpo_objective_from_logprobs, k3_kl
 from grpokit.core.ppo import clipped_value_loss, gae, terminal_rewards, whiten
@@ -186,8 +186,8 @@ def ppo_learn(state: TrainState, rollout: Rollout, rewards: torch.Tensor,
 def ppo_train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None) -> dict[str, float]:
     """One PPO step on fresh generations: sample, score, reference, values, GAE, update, log."""
     timer = timer or PhaseTimer(cuda=next(state.model.parameters()).is_cuda)
-    # the optional CPU speed-ups (grpokit.fast) for this step's passes, as in GRPO's train_step
-    with fast.accelerated(state.model, state.cfg, world_size=state.dist.world_size, timer=timer):
+    # the optional CPU speed-ups (grpokit.switch) for this step's passes, as in GRPO's train_step
+    with switch.accelerated(state.model, state.cfg, world_size=state.dist.world_size, timer=timer):
         rollout, scores, correct, info = collect_batch(state, timer)
         upd, adv_flat = ppo_learn(state, rollout, scores.total, timer)
     state.step += 1

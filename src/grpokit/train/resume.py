@@ -139,13 +139,14 @@ def load_trainer_state(state, folder: Path, *, optimizer: bool = True) -> dict[s
     if blob.get("entropy_control") is not None:   # adaptive entropy: the coefficient and its last measurement
         state.entropy_coef, state.last_entropy = blob["entropy_control"]
     ranks, dist = blob.get("rank_rng") or [], getattr(state, "dist", None)  # distributed: each rank its own
-    set_rng_state(ranks[dist.rank] if dist is not None and len(ranks) == dist.world_size > 1 else blob["rng"])
+    mine = ranks[dist.rank] if dist is not None and len(ranks) == dist.world_size > 1 else None
+    set_rng_state(mine if mine is not None else blob["rng"])
     if getattr(state, "reward_loop", None) is not None:
         state.reward_loop.load(folder)
     if getattr(state, "async_rollouts", None) is not None:   # the batches the worker had sampled ahead
         state.async_rollouts.load(folder, state.stream)
-    if getattr(state, "agent", None) is not None:   # the environments' random states
-        state.agent.set_rng_state(blob.get("env_rng"))
+    if getattr(state, "agent", None) is not None:   # the environments' random states, this rank's
+        state.agent.set_rng_state(mine["env"] if mine is not None and "env" in mine else blob.get("env_rng"))
     return blob
 
 

@@ -52,6 +52,9 @@ class TrainState:
     agent: Any = None
     # rollout.async.max_staleness set: grpokit.train.async_rollouts.AsyncRollouts (the rollout worker)
     async_rollouts: Any = None
+    # the one switch's buffers kept between steps (grpokit.switch.accelerated: the activation record's
+    # gate/up buffers, reused instead of touching fresh memory each step); never checkpointed
+    speedup_buffers: dict = field(default_factory=dict)
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:

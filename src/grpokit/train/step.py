@@ -16,7 +16,7 @@ switches; this file only wires the phases together, each inside a named timer. S
 `update.optimizer_step` (clip, `optimizer.step()`, schedule step); the state a step reads and writes is
 `TrainState` (state.py). The loop picks the step once (`step_function`): this GRPO step, or the PPO
 baseline's `grpokit.train.ppo.ppo_train_step`. The optional CPU speed-ups are on for a step's passes
-through one line, `with fast.accelerated(...)` (grpokit.fast).
+through one line, `with switch.accelerated(...)` (grpokit.switch).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from grpokit import fast
+from grpokit import switch
 from grpokit.config.schema import GRPOConfig
 from grpokit.core.advantages import decoupled_advantages, group_advantages, process_advantages
 from grpokit.core.loss import k3_kl
@@ -39,7 +39,7 @@ from grpokit.train.collect import collect_batch
 from grpokit.train.distributed import Distributed
 from grpokit.train.ppo import ppo_train_step
 from grpokit.train.state import TrainState
-from grpokit.train.update import forward_logprobs, policy_update, skip_update
+from grpokit.train.update import forward_logprobs, micro_batch_plan, policy_update, skip_update
 
 log = logging.getLogger("grpokit")
 
@@ -78,9 +78,10 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
         raise ValueError("loss.algorithm=ppo: run grpokit.train.ppo.ppo_train_step on this state "
                          "(train_grpo picks it: step_function)")
     timer = timer or PhaseTimer(cuda=next(state.model.parameters()).is_cuda)
-    # Every optional CPU speed-up (decode kernels, activation reuse: grpokit.fast) is on for this
+    # Every optional CPU speed-up (decode kernels, activation reuse: grpokit.switch) is on for this
     # step's passes only; outside this block, and with it left out, the step is plain PyTorch.
-    with fast.accelerated(state.model, cfg, world_size=state.dist.world_size, timer=timer):
+    with switch.accelerated(state.model, cfg, world_size=state.dist.world_size, timer=timer,
+                            buffers=state.speedup_buffers) as speedups:
         rollout, scores, correct, info = collect_batch(state, timer)
         # the tokens the policy sampled (multi-turn: tool / environment tokens are attended, not trained)
         loss_mask = rollout.loss_mask.float()
@@ -89,7 +90,7 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
         # the update's micro-batch plan: reuse the sampler's record? decided once, here,
         # so a record that won't pay is freed before the passes
         with timer("update"):
-            fast.decide_reuse(state, rollout)
+            speedups.decide_reuse(state, rollout, micro_batch_plan)
         ref_lp = old_lp = None
         if state.ref_model is not None:
             with timer("ref_forward"):

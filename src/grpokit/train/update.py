@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from grpokit import fast
 from grpokit.core.entropy import applied_entropy_coef, next_entropy_coef
 from grpokit.core.loss import (
     Filters,
@@ -22,6 +21,7 @@ from grpokit.core.loss import (
     logprob_mismatch,
     truncated_is_weights,
 )
+from grpokit.model import speedups
 from grpokit.model.buckets import micro_batches
 from grpokit.model.logprobs import model_shares_prompts, per_token_logprobs
 from grpokit.model.precision import autocast_for
@@ -38,9 +38,8 @@ def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperatu
                   fn=per_token_logprobs, record=None, consume: bool = False, **kw):
     """Log-probs for some rows (a slice or an index tensor), trimmed to their longest prompt and completion.
 
-    record: the sampler's `ActivationRecord` of these weights (rows must be an index tensor): the forward
-    takes its projection outputs (`grpokit.fast.reuse.reused_logprobs`) instead of `fn`; consume: its last
-    use.
+    record: the sampler's record of these weights (rows must be an index tensor; `speedups.Speedups`):
+    the forward takes its projection outputs (`record.logprobs`) instead of `fn`; consume: its last use.
     """
     mask = rollout.completion_mask[rows]
     T = int(mask.sum(-1).max()) if mask.numel() else 0
@@ -50,8 +49,7 @@ def rows_logprobs(model, rollout: Rollout, rows: slice | torch.Tensor, temperatu
     ids = torch.cat([rollout.prompt_ids[rows, P0:], rollout.completion_ids[rows, :T]], dim=1)
     att = torch.cat([p_mask[:, P0:], mask[:, :T]], dim=1)
     if record is not None:
-        return fast.reused_logprobs(model, record, rows, ids, att, T, temperature=temperature,
-                                    consume=consume, **kw), T
+        return record.logprobs(model, rows, ids, att, T, temperature=temperature, consume=consume, **kw), T
     return fn(model, ids, att, T, temperature=temperature, **kw), T  # fn: through DDP/FSDP when distributed
 
 
@@ -69,6 +67,18 @@ def forward_logprobs(model, rollout: Rollout, cfg: GRPOConfig, fn=per_token_logp
             lp, t = rows_logprobs(model, rollout, rows, cfg.rollout.temperature, fn=fn)
             out[rows, :t] = lp
     return out.clone()  # leave inference mode: usable in autograd as a constant
+
+
+def micro_batch_plan(state: TrainState, rollout: Rollout) -> list[torch.Tensor]:
+    """The update's micro-batches (row indices each), optim.micro_batch_size rows at most: rows of similar
+    length together (`buckets.micro_batches`), a group's prompt kept in one where the pass runs it once;
+    bnpo normalizes per micro-batch, so it keeps the plain consecutive slices (its math does not depend
+    on the lengths)."""
+    N = rollout.completion_ids.shape[0]
+    n_params = sum(p.numel() for p in state.model.parameters())
+    shared = rollout.prompt_ids if model_shares_prompts(state.model) else None
+    return micro_batches(rollout.prompt_mask, rollout.completion_mask, state.cfg.optim.micro_batch_size or N,
+                         n_params, by_length=state.cfg.loss.loss_type != "bnpo", prompt_ids=shared)
 
 
 # How a micro-batch's metric joins the step's figure: token-weighted mean, completion-weighted mean, plain
@@ -121,7 +131,8 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
     """[E-F] mu optimizer updates over the generation batch, micro-batched with gradient accumulation."""
     cfg, lo, dist = state.cfg, state.cfg.loss, state.dist
     N = rollout.completion_ids.shape[0]                                   # this rank's completions
-    groups, record, last_use = fast.update_plan(state, rollout)          # length buckets; the reuse decision
+    # length buckets; inside the switch, the decision to reuse the sampler's record
+    groups, record, last_use = speedups.active().update_plan(state, rollout, micro_batch_plan)
     bonus = bonus_enabled(cfg)
     if bonus and record is not None:      # the entropy needs its gradient: the plain pass, not the reuse
         record.release()
