@@ -54,8 +54,8 @@ def plain_trace(prompt: str) -> str:
     return f"<tool_call>multiply({a},{b})</tool_call><tool_response>{c}</tool_response>\\boxed{{{c}}}"
 
 
-def _memorize(tok, prompts: list[str], targets: list[str], steps: int, seed: int):
-    model = tiny_random_model(tok, seed=seed)
+def _memorize(tok, prompts: list[str], targets: list[str], steps: int, seed: int, **dims):
+    model = tiny_random_model(tok, seed=seed, **dims)
     ids, att, mask = encode_pairs(tok, prompts, targets)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -67,17 +67,18 @@ def _memorize(tok, prompts: list[str], targets: list[str], steps: int, seed: int
     return model
 
 
-@functools.lru_cache(maxsize=1)
-def _plain_state() -> dict:
+@functools.lru_cache(maxsize=2)
+def _plain_state(dims: tuple = ()) -> dict:
     tok = build_char_tokenizer()
-    return _memorize(tok, PROMPTS, [plain_trace(p) for p in PROMPTS], 120, seed=0).state_dict()
+    return _memorize(tok, PROMPTS, [plain_trace(p) for p in PROMPTS], 120, seed=0, **dict(dims)).state_dict()
 
 
-def plain_caller():
-    """(model, char tokenizer): answers PROMPTS with a plain-format multiply call, then the boxed result."""
+def plain_caller(**dims):
+    """(model, char tokenizer): answers PROMPTS with a plain-format multiply call, then the boxed result.
+    dims: the tiny model's sizes (`tiny_random_model` keywords; vLLM's CPU attention needs head_dim 64)."""
     tok = build_char_tokenizer()
-    model = tiny_random_model(tok, seed=0)
-    model.load_state_dict(_plain_state())
+    model = tiny_random_model(tok, seed=0, **dims)
+    model.load_state_dict(_plain_state(tuple(sorted(dims.items()))))
     return model, tok
 
 

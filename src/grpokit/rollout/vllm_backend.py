@@ -21,11 +21,12 @@ uses a CPU stand-in; tests/rollout/test_vllm_real.py drives a real engine).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import tempfile
 import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,14 @@ import torch
 from safetensors.torch import save, save_file
 
 from grpokit.model.precision import compute_dtype
-from grpokit.rollout.groups import Rollout, completion_mask_from_ids, encode_prompts, eos_token_ids
+from grpokit.rollout.groups import (
+    Rollout,
+    completion_mask_from_ids,
+    eos_token_ids,
+    render_prompts,
+    turns_rollout,
+)
+from grpokit.rollout.turns import TurnDriver
 from grpokit.rollout.vllm_engine import (
     INSTALL_HINT,
     GenerationEngine,
@@ -45,10 +53,11 @@ from grpokit.rollout.vllm_engine import (
     policy_weights,
     require_vllm,
 )
+from grpokit.rollout.vllm_turns import sample_turns
 
 __all__ = ["INSTALL_HINT", "GenerationEngine", "Sample", "SamplingSpec", "ServerEngine", "VLLMEngine",
            "VLLMError", "VLLMRollouts", "build_rollouts", "in_process_backend", "rollout_from_samples",
-           "vllm_sample"]
+           "vllm_agent_sampler", "vllm_sample"]
 
 log = logging.getLogger("grpokit")
 
@@ -95,8 +104,12 @@ class ServerEngine:
                                   "`grpokit vllm-serve --model PATH` or fix "
                                   "rollout.vllm_server_base_url") from None
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Sample]]:
-        body = json.dumps({"prompt_ids": [list(map(int, p)) for p in prompt_ids], "spec": asdict(spec)})
+    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec,
+                 max_tokens: Sequence[int] | None = None) -> list[list[Sample]]:
+        request = {"prompt_ids": [list(map(int, p)) for p in prompt_ids], "spec": asdict(spec)}
+        if max_tokens is not None:
+            request["max_tokens"] = list(map(int, max_tokens))
+        body = json.dumps(request)
         out = self._post("/generate", body.encode())
         return [[Sample(s["token_ids"], s["logprobs"]) for s in group] for group in out["samples"]]
 
@@ -164,9 +177,8 @@ class VLLMRollouts:
         self.engine, self.colocate, self.push_weights, self.synced_step = (engine, colocate, push_weights,
                                                                            synced_step)
 
-    def sample(self, state: Any, prompts: Sequence[Any]) -> Rollout:
-        """G completions for each prompt from the engine, holding the policy's weights of this step."""
-        r = state.cfg.rollout
+    def _ready(self, state: Any) -> None:
+        """Wake the engine (colocated) and give it the policy's weights of this step, once per step."""
         if self.colocate:
             self.engine.wake_up()
         if self.synced_step != state.step:
@@ -174,22 +186,49 @@ class VLLMRollouts:
                 self.engine.load_weights(policy_weights(state.model))   # LoRA merged in
             state.dist.barrier()          # server mode: nobody samples before rank 0 has pushed
             self.synced_step = state.step
-        chat = [isinstance(p, list) for p in prompts]
-        texts = [state.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
-                                                     **state.cfg.task.chat_template_kwargs) if c else p
-                 for p, c in zip(prompts, chat)]
-        p_ids, p_mask = encode_prompts(state.tokenizer, texts, r.max_prompt_length, r.truncate_prompt,
-                                       add_special_tokens=not any(chat))
-        eos = eos_token_ids(state.model, state.tokenizer)
+
+    def _spec(self, state: Any, n: int) -> SamplingSpec:
+        r = state.cfg.rollout
         seed = int(torch.randint(0, 2**31 - 1, (1,)))   # from the run's RNG: reproducible and resumable
-        spec = SamplingSpec(r.num_generations, r.max_completion_length, r.temperature, r.top_p, r.top_k,
-                            tuple(eos), seed)
+        return SamplingSpec(n, r.max_completion_length, r.temperature, r.top_p, r.top_k,
+                            tuple(eos_token_ids(state.model, state.tokenizer)), seed)
+
+    def sample(self, state: Any, prompts: Sequence[Any]) -> Rollout:
+        """G completions for each prompt from the engine, holding the policy's weights of this step."""
+        r = state.cfg.rollout
+        self._ready(state)
+        p_ids, p_mask = render_prompts(state.tokenizer, prompts, r.max_prompt_length, r.truncate_prompt,
+                                       state.cfg.task.chat_template_kwargs)
+        spec = self._spec(state, r.num_generations)
         samples = self.engine.generate([row[m.bool()].tolist() for row, m in zip(p_ids, p_mask)], spec)
         if self.colocate:
             self.engine.sleep()
         device = next(state.model.parameters()).device
         return rollout_from_samples(state.tokenizer, prompts, p_ids.to(device), p_mask.to(device), samples,
-                                    r.num_generations, eos)
+                                    r.num_generations, list(spec.stop_token_ids))
+
+    def sample_turns(self, state: Any, prompts: Sequence[Any], group_size: int, *, driver: TurnDriver,
+                     tools: Sequence[list[dict] | None] | None = None) -> Rollout:
+        """Multi-turn: G rollouts for each prompt with the driver's tools (grpokit.rollout.vllm_turns), as
+        `sample_groups(..., driver=driver)` lays them out; tools: per prompt, the schemas its chat prompt
+        renders."""
+        r = state.cfg.rollout
+        self._ready(state)
+        p_ids, p_mask = render_prompts(state.tokenizer, prompts, r.max_prompt_length, r.truncate_prompt,
+                                       state.cfg.task.chat_template_kwargs, tools)
+        rows = [row[m.bool()].tolist() for row, m in zip(p_ids, p_mask)]
+        driver.begin([row for row in rows for _ in range(group_size)])
+        spec = self._spec(state, group_size)
+        ids, lps = sample_turns(self.engine, driver, rows, group_size, spec)
+        if self.colocate:
+            self.engine.sleep()
+        device = next(state.model.parameters()).device
+        T = max(1, max(len(row) for row in ids))
+        pad = state.tokenizer.pad_token_id
+        completion_ids = torch.tensor([row + [pad] * (T - len(row)) for row in ids], device=device)  # [N, T]
+        logps = torch.tensor([row + [0.0] * (T - len(row)) for row in lps], device=device)          # [N, T]
+        return turns_rollout(state.tokenizer, prompts, p_ids.to(device), p_mask.to(device), group_size,
+                             completion_ids, logps, driver, list(spec.stop_token_ids))
 
 
 def build_rollouts(state: Any) -> VLLMRollouts:
@@ -229,3 +268,13 @@ def vllm_sample(state: Any, prompts: Sequence[Any]) -> Rollout:
     if state.rollout_engine is None:
         state.rollout_engine = build_rollouts(state)
     return state.rollout_engine.sample(state, prompts)
+
+
+def vllm_agent_sampler(state: Any) -> Callable[..., Rollout] | None:
+    """rollout.backend=vllm: the run's engine as the multi-turn sampler `Agent.sample` takes,
+    sampler(prompts, group_size, driver=, tools=) -> Rollout; None for grpokit's own sampler."""
+    if state.cfg.rollout.backend != "vllm":
+        return None
+    if state.rollout_engine is None:
+        state.rollout_engine = build_rollouts(state)
+    return functools.partial(state.rollout_engine.sample_turns, state)
