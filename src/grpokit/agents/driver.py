@@ -13,6 +13,10 @@ row samples a token that may end a turn (`format.stop_ids`), `after_token` decid
 
 A row still going when the budget runs out stops mid-turn ("length"). TRL's `max_completion_length`
 semantics: the budget bounds the whole completion, model and environment tokens together.
+
+Two loops consult it: grpokit's decode loop (`after_token`, every row at the same column, then `finish`)
+and the vLLM loop (`end_turns` with each row's completion so far, rows at any columns, then `close` per
+row; grpokit.rollout.vllm_turns). Both go through `end_turns`, so the semantics are written once.
 """
 
 from __future__ import annotations

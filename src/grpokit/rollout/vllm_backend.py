@@ -15,6 +15,10 @@ pi_sampler != pi_old; the trainer corrects this with truncated importance sampli
 (loss.truncated_is_weights, loss.tis_level / loss.tis_cap) and reports tis/mean_weight,
 tis/clipped_frac and the measured mismatch tis/logprob_diff_mean, tis/logprob_diff_max per step.
 
+With tools or an environment (grpokit.agents), vLLM samples the model's turns and grpokit runs the tools
+between them, each continuation a request on the row's token ids so far (`VLLMRollouts.sample_turns`,
+grpokit.rollout.vllm_turns); the Rollout is the built-in multi-turn one (model_mask, trajectories).
+
 Any object with the `GenerationEngine` methods can stand in for vLLM (tests/rollout/test_vllm_backend.py
 uses a CPU stand-in; tests/rollout/test_vllm_real.py drives a real engine).
 """
