@@ -8,15 +8,18 @@ same loop on the real engine.
 
 from __future__ import annotations
 
+import json
 import threading
 from copy import deepcopy
 
 import pytest
 import torch
+from agent_envs import DiceCalculator
 from agent_models import PROMPTS, plain_caller
 from transformers import DynamicCache
 
 from grpokit.agents.agent import Agent
+from grpokit.agents.builtin import multiply
 from grpokit.agents.formats import PlainFormat
 from grpokit.agents.tools import TRUNCATION_MARK
 from grpokit.cli.vllm_serve import make_server
@@ -28,6 +31,7 @@ from grpokit.rollout.vllm_backend import Sample, ServerEngine, VLLMRollouts, vll
 from grpokit.tasks.base import Example
 from grpokit.train.loop import build_state
 from grpokit.train.step import train_step
+from grpokit.trl import GRPOConfig, GRPOTrainer
 
 TOOLS = {"rollout.tools": ["grpokit.agents.builtin:multiply"], "rollout.max_completion_length": 120,
          "rollout.backend": "vllm", "rollout.num_generations": 4, "rollout.prompts_per_step": 4,
@@ -187,3 +191,32 @@ def test_a_train_step_on_the_engine_with_tools(tmp_path):
     assert m["mismatch/abs_logprob_diff_max"] < 1e-3                # the engine's log-probs, the policy's own
     with pytest.raises(ConfigError, match="rollout.backend=auto or vllm"):
         build_config({**TOOLS, "rollout.backend": "generate"})
+
+
+def test_trl_use_vllm_with_tools_and_an_environment_runs_on_the_server(tmp_path):
+    """grpokit.trl: GRPOConfig(use_vllm=True, vllm_mode="server") with tools= and environment_factory=, as a
+    TRL program writes it; the server's engine samples every turn."""
+    model, tok = plain_caller()
+    engine = TorchEngine(model)
+    server = make_server(engine, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    rows = [{"prompt": p, "answer": str(eval(p[8:-1]))} for p in PROMPTS]
+    try:
+        agents = (("tools", {"tools": [multiply]}), ("env", {"environment_factory": DiceCalculator}))
+        same = dict(num_generations=2, per_device_train_batch_size=4, max_completion_length=120, max_steps=1,
+                    report_to="none", bf16=False, learning_rate=1e-3, seed=0)
+        for name, agent in agents:
+            args = GRPOConfig(output_dir=str(tmp_path / name), use_vllm=True, vllm_mode="server",
+                              vllm_server_base_url=url, **same)
+            trainer = GRPOTrainer(model, reward_funcs=lambda completions, **kw: [0.5] * len(completions),
+                                  args=args, train_dataset=rows, processing_class=tok, **agent)
+            assert trainer.config.rollout.backend == "vllm"
+            before = engine.calls.count("generate")
+            trainer.train()
+            assert engine.calls.count("generate") >= before + 2, name     # round 0 and continuations
+            metrics = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[-1])
+            assert metrics["turns/mean"] > 1 and metrics["tools/call_frequency"] > 0, name
+    finally:
+        server.shutdown()
+        server.server_close()

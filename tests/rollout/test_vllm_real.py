@@ -72,8 +72,8 @@ class Probed:
         with torch.no_grad():
             return per_token_logprobs(self.model, full, torch.ones_like(full), len(completion))[0]
 
-    def generate(self, prompt_ids, spec):
-        return self.engine.generate(prompt_ids, spec)
+    def generate(self, prompt_ids, spec, max_tokens=None):
+        return self.engine.generate(prompt_ids, spec, max_tokens)
 
     def sleep(self) -> None:
         self.engine.sleep()

@@ -10,4 +10,5 @@
     sampling      the token draw: temperature, top-k, top-p, exactly `generate`'s distribution
     vllm_backend  the same Rollout from a vLLM engine (rollout.backend=vllm)
     vllm_engine   the engine contract, and the real vLLM engine behind it
+    vllm_turns    the tool loop on an engine: rounds of generate calls on each row's token ids so far
 """
