@@ -15,12 +15,12 @@ from copy import deepcopy
 import pytest
 import torch
 from agent_envs import DiceCalculator
-from agent_models import PROMPTS, plain_caller
+from agent_models import PROMPTS, chat_caller, chat_messages, plain_caller
 from transformers import DynamicCache
 
 from grpokit.agents.agent import Agent
 from grpokit.agents.builtin import multiply
-from grpokit.agents.formats import PlainFormat
+from grpokit.agents.formats import ChatFormat, PlainFormat
 from grpokit.agents.tools import TRUNCATION_MARK
 from grpokit.cli.vllm_serve import make_server
 from grpokit.config.schema import build_config
@@ -91,10 +91,10 @@ def _state(tmp_path, model, tok, **over):
     return build_state(cfg, model, tok, train_examples=EXAMPLES)
 
 
-def _sample(state, engine, seed: int = 0):
+def _sample(state, engine, seed: int = 0, examples=EXAMPLES):
     state.rollout_engine = VLLMRollouts(engine, colocate=True)
     torch.manual_seed(seed)
-    return state.agent.sample(state.model, state.tokenizer, EXAMPLES, 4, state.cfg,
+    return state.agent.sample(state.model, state.tokenizer, examples, 4, state.cfg,
                               sampler=vllm_agent_sampler(state))[0]
 
 
@@ -156,6 +156,28 @@ def test_engine_turns_apply_the_limits_and_give_errors_to_the_model(tmp_path):
     calls = [c for t in r.trajectories for c in t.calls]
     assert all(c.error for c in calls) and sum(c.error == "ValueError: out of order" for c in calls) >= 8
     assert all(t.turns[-1].env_end > t.turns[0].end for t in r.trajectories if t.calls)   # the model read it
+
+
+def test_chat_turns_on_the_engine_are_the_templates_and_not_prefix_preserving_ones_are_counted(tmp_path):
+    """The chat format: tool schemas in the rendered prompt, turns ending at <|im_end|>, results as the
+    template's tool messages; a template that drops earlier reasoning: the stream goes on as sampled."""
+    for keep in (True, False):
+        model, tok = chat_caller(prefix_preserving=keep)
+        examples = [Example(chat_messages(ex.prompt), ex.answer, ex.columns) for ex in EXAMPLES]
+        state = _state(tmp_path / str(keep), model, tok, **{"rollout.max_completion_length": 200})
+        r = _sample(state, TorchEngine(model), examples=examples)
+        assert "multiply" in tok.decode(r.prompt_ids[0][r.prompt_mask[0].bool()])     # the schemas
+        assert sum(len(t.calls) > 0 for t in r.trajectories) >= 8
+        full = per_token_logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1]).detach()
+        trained = r.loss_mask.bool()
+        assert torch.allclose(r.sampling_logprobs[trained], full[trained], atol=2e-4)
+        fmt = ChatFormat(tok, [tok.eos_token_id])
+        for i, traj in enumerate(r.trajectories):
+            for turn in traj.turns[:-1]:
+                assert r.completion_ids[i, turn.end:turn.env_end].tolist() == fmt.render(turn.calls)
+                assert r.completion_ids[i, turn.end - 1] == tok.eos_token_id
+            assert traj.non_prefix_turns == (0 if keep else len(traj.turns) - 1)
+        assert r.completions[0][0]["role"] == "assistant" and "tool_calls" in r.completions[0][0]
 
 
 def test_server_mode_gives_the_same_rollout_over_http(tmp_path):
