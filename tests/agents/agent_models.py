@@ -54,12 +54,12 @@ def plain_trace(prompt: str) -> str:
     return f"<tool_call>multiply({a},{b})</tool_call><tool_response>{c}</tool_response>\\boxed{{{c}}}"
 
 
-def _memorize(tok, prompts: list[str], targets: list[str], steps: int, seed: int):
-    model = tiny_random_model(tok, seed=seed)
+def _memorize(tok, prompts: list[str], targets: list[str], steps: int, seed: int, lr: float = 1e-2, **dims):
+    model = tiny_random_model(tok, seed=seed, **dims)
     ids, att, mask = encode_pairs(tok, prompts, targets)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
         for _ in range(steps):
             sft_loss(model, ids, att, mask).backward()
             opt.step()
@@ -67,17 +67,20 @@ def _memorize(tok, prompts: list[str], targets: list[str], steps: int, seed: int
     return model
 
 
-@functools.lru_cache(maxsize=1)
-def _plain_state() -> dict:
+@functools.lru_cache(maxsize=2)
+def _plain_state(lr: float, dims: tuple) -> dict:
     tok = build_char_tokenizer()
-    return _memorize(tok, PROMPTS, [plain_trace(p) for p in PROMPTS], 120, seed=0).state_dict()
+    traces = [plain_trace(p) for p in PROMPTS]
+    return _memorize(tok, PROMPTS, traces, 120, seed=0, lr=lr, **dict(dims)).state_dict()
 
 
-def plain_caller():
-    """(model, char tokenizer): answers PROMPTS with a plain-format multiply call, then the boxed result."""
+def plain_caller(lr: float = 1e-2, **dims):
+    """(model, char tokenizer): answers PROMPTS with a plain-format multiply call, then the boxed result.
+    dims: the tiny model's sizes (`tiny_random_model` keywords; vLLM's CPU attention needs head_dim 64:
+    hidden=128, heads=2, kv_heads=1 memorizes with lr=3e-3); lr: the memorizing Adam's."""
     tok = build_char_tokenizer()
-    model = tiny_random_model(tok, seed=0)
-    model.load_state_dict(_plain_state())
+    model = tiny_random_model(tok, seed=0, **dims)
+    model.load_state_dict(_plain_state(lr, tuple(sorted(dims.items()))))
     return model, tok
 
 

@@ -6,6 +6,7 @@ prompt right after each sync, and its log-probs must equal the trainer's (the sa
 two implementations: ~1e-6 apart, where a missed sync shows up as ~0.1-1).
 """
 
+import functools
 import importlib.util
 import json
 import os
@@ -19,12 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpokit.agents.formats import PlainFormat
 from grpokit.config.schema import build_config
 from grpokit.model.loading import build_char_tokenizer, tiny_random_model
 from grpokit.model.logprobs import per_token_logprobs
+from grpokit.rollout.vllm_backend import ServerEngine, VLLMRollouts, vllm_agent_sampler
 from grpokit.rollout.vllm_engine import SamplingSpec
 from grpokit.tasks import Example
-from grpokit.train.loop import train_grpo
+from grpokit.train.loop import build_state, train_grpo
+from grpokit.train.step import train_step
 
 pytestmark = pytest.mark.vllm
 if importlib.util.find_spec("vllm") is None:
@@ -68,8 +72,8 @@ class Probed:
         with torch.no_grad():
             return per_token_logprobs(self.model, full, torch.ones_like(full), len(completion))[0]
 
-    def generate(self, prompt_ids, spec):
-        return self.engine.generate(prompt_ids, spec)
+    def generate(self, prompt_ids, spec, max_tokens=None):
+        return self.engine.generate(prompt_ids, spec, max_tokens)
 
     def sleep(self) -> None:
         self.engine.sleep()
@@ -119,6 +123,58 @@ def rise(rows: list[dict]) -> float:
     return sum(r["reward_mean"] for r in rows[-3:]) / 3 - sum(r["reward_mean"] for r in rows[:3]) / 3
 
 
+@functools.lru_cache(maxsize=1)
+def _agent_models():
+    """tests/agents/agent_models.py (its plain caller: a tiny model that calls `multiply`), loaded by path."""
+    spec = importlib.util.spec_from_file_location("agent_models", Path(__file__).parents[1] / "agents" /
+                                                  "agent_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_tool_loop(tmp_path, engine, colocate: bool, **over) -> None:
+    """The tool loop on a real engine (grpokit.rollout.vllm_turns): the plain caller's weights pushed into
+    it, one multi-turn rollout checked against the contract, then one GRPO step with the multiply tool.
+
+    Token in, token out: each model token's vLLM log-prob equals the trainer's over the whole stream (turns
+    and the tool results between them), which holds only if every continuation request carried the row's
+    exact ids; the results are the rendered tokens; the loss trains the model's tokens only."""
+    start = time.perf_counter()
+    am = _agent_models()
+    model, tok = am.plain_caller(lr=3e-3, hidden=128, heads=2, kv_heads=1)   # head_dim 64 for vLLM's CPU
+    examples = [Example(p, str(eval(p[8:-1])), {"answer": str(eval(p[8:-1]))}) for p in am.PROMPTS]
+    cfg = build_config({
+        "model.name_or_path": "builtin:tiny-random", "rollout.backend": "vllm", "model.device": "cpu",
+        "rollout.tools": ["grpokit.agents.builtin:multiply"], "reward.funcs": {"accuracy": 1.0},
+        "rollout.num_generations": 4, "rollout.prompts_per_step": 4, "rollout.max_completion_length": 100,
+        "rollout.max_prompt_length": 32, "loss.beta": 0.0, "run.output_dir": str(tmp_path / "tools"),
+        "run.progress": False, **over})
+    state = build_state(cfg, model, tok, train_examples=examples)
+    state.rollout_engine = VLLMRollouts(engine, colocate=colocate)
+    torch.manual_seed(0)
+    r, _ = state.agent.sample(model, tok, examples, 4, cfg, sampler=vllm_agent_sampler(state))
+    T = r.completion_ids.shape[1]
+    with torch.no_grad():
+        full = per_token_logprobs(model, r.input_ids, r.attention_mask, T)
+    trained, env = r.loss_mask.bool(), r.completion_mask.bool() & ~r.loss_mask.bool()
+    calls = [c for t in r.trajectories for c in t.calls]
+    fmt = PlainFormat(tok, [tok.eos_token_id])
+    print(f"tool loop ({'colocated' if colocate else 'server'}): {len(calls)} calls in 16 rollouts, stops "
+          f"{sorted(t.stop for t in r.trajectories)}; max |logp vLLM - trainer| on model tokens "
+          f"{float((r.sampling_logprobs - full)[trained].abs().max()):.2e}")
+    assert sum(len(t.turns) > 1 for t in r.trajectories) >= 8 and env.any(), "the model should call its tool"
+    assert sum(c.result == str(c.arguments["a"] * c.arguments["b"]) for c in calls if c.error is None) >= 8
+    assert (r.sampling_logprobs[trained] - full[trained]).abs().max() < SYNC_TOL
+    assert (r.sampling_logprobs[env] == 0).all() and T <= 100
+    for i, traj in enumerate(r.trajectories):
+        for turn in traj.turns[:-1]:
+            assert r.completion_ids[i, turn.end:turn.env_end].tolist() == fmt.render(turn.calls)
+    m = train_step(state)
+    assert m["turns/mean"] > 1 and m["tokens/env_mean"] > 0 and m["mismatch/abs_logprob_diff_max"] < SYNC_TOL
+    print(f"tool loop check: {time.perf_counter() - start:.1f} s (caller memorized on first use)")
+
+
 def check_run(rows: list[dict], probes: list[Probed], syncs: int) -> None:
     """Every sync matched the trainer; the trainer moved enough that a missed sync would have shown."""
     assert len(probes) == 1 and len(probes[0].diffs) == syncs, [len(p.diffs) for p in probes]
@@ -133,10 +189,12 @@ def check_run(rows: list[dict], probes: list[Probed], syncs: int) -> None:
         assert r["tis/mean_weight"] == pytest.approx(1.0, abs=1e-3) and r["tis/clipped_frac"] < 0.01
 
 
-def test_colocated_engine_learns_and_syncs_every_step(tmp_path, char_tok):
+def test_colocated_engine_learns_syncs_every_step_and_runs_the_tool_loop(tmp_path, char_tok):
     base_cfg = easy_cfg(tmp_path, "builtin")
     train_grpo(base_cfg, tiny64(char_tok), char_tok, train_examples=PROMPTS)
-    cfg = easy_cfg(tmp_path, "vllm", **{"rollout.backend": "vllm", **ENGINE})
+    # max_prompt_length sizes the engine (max_model_len = prompt + completion): room for the tool loop below
+    cfg = easy_cfg(tmp_path, "vllm",
+                   **{"rollout.backend": "vllm", "rollout.max_prompt_length": 152, **ENGINE})
     probes: list[Probed] = []
     train_grpo(cfg, tiny64(char_tok), char_tok, train_examples=PROMPTS,
                hooks={"after_step": probe_hook("Say a:", probes)})
@@ -149,6 +207,7 @@ def test_colocated_engine_learns_and_syncs_every_step(tmp_path, char_tok):
     check_run(rows, probes, syncs=9)          # before steps 2..10 (step 1 sampled from the start folder)
     drift = (probes[0].trainer_logprobs[-1] - probes[0].trainer_logprobs[0]).abs().max()
     assert drift > 100 * SYNC_TOL, drift
+    check_tool_loop(tmp_path, probes[0].engine, colocate=True, **ENGINE)   # the same engine, no second start
 
 
 def test_lora_is_merged_into_the_engine(tmp_path, char_tok):
@@ -184,7 +243,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 240.0) -> N
     raise AssertionError(f"grpokit vllm-serve did not answer {url}/health within {timeout} s")
 
 
-def test_server_mode_on_loopback_learns_and_syncs_every_step(tmp_path, char_tok):
+def test_server_mode_on_loopback_learns_syncs_every_step_and_runs_the_tool_loop(tmp_path, char_tok):
     from grpokit.rollout.vllm_backend import save_plain_folder
 
     folder = tmp_path / "start"
@@ -194,7 +253,7 @@ def test_server_mode_on_loopback_learns_and_syncs_every_step(tmp_path, char_tok)
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "grpokit", "vllm-serve", "--model", str(folder), "--port", str(port),
-           "--threads", "1", "--kv-cache-gib", "0.25", "--max-model-len", "64", "--dtype", "float32"]
+           "--threads", "1", "--kv-cache-gib", "0.25", "--max-model-len", "160", "--dtype", "float32"]
     with open(tmp_path / "serve.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
@@ -208,6 +267,8 @@ def test_server_mode_on_loopback_learns_and_syncs_every_step(tmp_path, char_tok)
         print(f"server: reward rise {rise(rows):+.3f}; sync diffs max {max(probes[0].diffs):.2e}")
         assert rise(rows) > 0.3, rise(rows)
         check_run(rows, probes, syncs=9)                      # the step-1 push happened before the hook
+        check_tool_loop(tmp_path, ServerEngine(url), colocate=False, **{"rollout.vllm_mode": "server",
+                                                                        "rollout.vllm_server_base_url": url})
     finally:
         proc.terminate()
         proc.wait(timeout=60)

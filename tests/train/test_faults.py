@@ -36,6 +36,7 @@ STEPS, SAVE = 12, 3
 REWARDS = Path(__file__).resolve().parents[1] / "easy_rewards.py"
 PACED, BROKEN = f"{REWARDS}:paced_dense", f"{REWARDS}:broken"
 TRACEBACK = "Traceback (most recent call last)"
+GUESS_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "agents_guess_number.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +183,36 @@ def test_a_sigkilled_runs_lock_does_not_block_resume_auto(server, reference, tmp
     assert server.wait(server.run(train(out, "run.resume=auto"), f"{out}.log")) == 0, output(out)[-3000:]
     assert f"resumed from {out}/checkpoint-" in output(out)
     assert_same_run(reference, out)
+
+
+def guess_train(out: Path) -> list[str]:
+    """`grpokit train` of the guess-the-number demo (builtin:guess-demo, the built-in GuessNumber environment,
+    multi-turn), cut down to 6 steps of 2 episodes x 4 rollouts, a checkpoint every step; the paced reward
+    beside the environment's makes every step move the weights."""
+    return ["train", str(GUESS_CONFIG), "rollout.num_generations=4", "rollout.prompts_per_step=2",
+            "rollout.max_tool_calling_iterations=3", "rollout.max_completion_length=240",
+            f"reward.funcs={{{PACED}: 1.0}}", "run.max_steps=6", "run.save_steps=1", "run.eval_limit=0",
+            "run.max_minutes=0", "run.progress=false", f"run.output_dir={out}"]
+
+
+def test_a_sigkilled_run_with_an_environment_resumes_bit_identically(server, tmp_path):
+    """SIGKILL in the middle of a multi-turn step, then run.resume=auto: the same weights and metrics as a
+    run never stopped (the environments' state, the tool loop and the sampler's RNG all resume)."""
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert server.wait(server.run(guess_train(ref), f"{ref}.log")) == 0, output(ref)[-3000:]
+    pid = server.run(guess_train(out), f"{out}.log", {"REWARD_SLEEP": "0.3"})
+    wait_for(lambda: (out / "checkpoint-3").is_dir(), "the step-3 checkpoint")
+    assert server.kill(pid) == -signal.SIGKILL
+    assert logged(out) < 6
+    resumed = server.run(guess_train(out) + ["run.resume=auto"], f"{out}.log")
+    assert server.wait(resumed) == 0, output(out)[-3000:]
+    assert f"resumed from {out}/checkpoint-" in output(out)
+    a, b = load_file(ref / "final" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    keys = ("step", "reward_mean", "loss", "grad_norm", "turns/mean", "tools/call_frequency")
+    rows, ref_rows = read_metrics(out), read_metrics(ref)
+    assert [[r[k] for k in keys] for r in rows] == [[r[k] for k in keys] for r in ref_rows]
+    assert max(r["turns/mean"] for r in ref_rows) > 1 and ref_rows[0]["grad_norm"] > 0   # it did call tools
 
 
 @pytest.mark.parametrize("argv", [["sft", "--steps", "1", "--eval-limit", "0"],

@@ -26,6 +26,7 @@ from grpokit.agents.formats import ChatFormat, PlainFormat, supports_tool_messag
 from grpokit.agents.tools import Tool, as_tool
 from grpokit.errors import ConfigError
 from grpokit.rollout.groups import Rollout, eos_token_ids, sample_groups
+from grpokit.rollout.vllm_backend import in_process_backend
 
 EVAL_SEED = 20_241_205   # the evaluation pool's seed: every evaluation of every run plays the same episodes
 
@@ -123,8 +124,13 @@ class Agent:
         return ChatFormat(tokenizer, eos_ids, kwargs)
 
     def sample(self, model, tokenizer, examples: list, group_size: int, cfg: Any, *, greedy: bool = False,
-               evaluation: bool = False) -> tuple[Rollout, dict[str, Any]]:
-        """G rollouts per example with the tools (and environments): (rollout, extra reward keywords)."""
+               evaluation: bool = False, sampler: Callable[..., Rollout] | None = None
+               ) -> tuple[Rollout, dict[str, Any]]:
+        """G rollouts per example with the tools (and environments): (rollout, extra reward keywords).
+
+        sampler: another engine's multi-turn sampler, sampler(prompts, group_size, driver=, tools=) ->
+        Rollout (rollout.backend=vllm: `grpokit.rollout.vllm_backend.vllm_agent_sampler`); None: grpokit's
+        own decode loop."""
         r = cfg.rollout
         rows = [{"prompt": ex.prompt, **ex.columns} for ex in examples for _ in range(group_size)]
         if self.rollout_func is not None:
@@ -151,11 +157,16 @@ class Agent:
         shared = all(same)
         # the G rows of a prompt share its prefill when their prompts (and tools) are the same
         pick = slice(None, None, G) if shared else slice(None)
-        rollout = sample_groups(model, tokenizer, prompts[pick], G if shared else 1, r.max_completion_length,
-                                temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                max_prompt_length=r.max_prompt_length, truncate_prompt=r.truncate_prompt,
-                                backend=r.backend, greedy=greedy, chat_template_kwargs=kwargs,
-                                tools=None if schemas is None else schemas[pick], driver=driver)
+        tools = None if schemas is None else schemas[pick]
+        if sampler is not None:
+            rollout = sampler(prompts[pick], G if shared else 1, driver=driver, tools=tools)
+        else:
+            backend = in_process_backend() if r.backend == "vllm" else r.backend   # evaluation on vllm runs
+            rollout = sample_groups(model, tokenizer, prompts[pick], G if shared else 1,
+                                    r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
+                                    top_k=r.top_k, max_prompt_length=r.max_prompt_length,
+                                    truncate_prompt=r.truncate_prompt, backend=backend, greedy=greedy,
+                                    chat_template_kwargs=kwargs, tools=tools, driver=driver)
         if not shared:   # one prefill per row; the groups are still the G rows of an example
             rollout.group_size = G
             device = rollout.group_ids.device

@@ -10,8 +10,11 @@ authentication (anyone who reaches it can replace the weights), so it listens on
 
 Endpoints (one engine call at a time; requests from several ranks queue):
     GET  /health          {"ok": true}
-    POST /generate        {"prompt_ids": [[int]], "spec": SamplingSpec}
+    POST /generate        {"prompt_ids": [[int]], "spec": SamplingSpec, "max_tokens": [int] (optional)}
                           -> {"samples": [[{token_ids, logprobs}]]}
+                          prompts are token ids: a multi-turn row goes on from its ids so far (prompt,
+                          sampled turns, inserted tool results), nothing re-tokenized; max_tokens per
+                          prompt overrides spec.max_tokens (what is left of each row's budget)
     POST /load_weights    a safetensors blob of some of the policy's weights (rank 0, after each update,
                           in bodies of at most vllm_backend.PUSH_BYTES; each is loaded as it comes)
     POST /sleep, /wake_up
@@ -69,7 +72,9 @@ def make_server(engine: GenerationEngine, host: str = "127.0.0.1", port: int = 8
                 req = json.loads(body)
                 spec = SamplingSpec(**{**req["spec"],
                                        "stop_token_ids": tuple(req["spec"].get("stop_token_ids", ()))})
-                samples = engine.generate(req["prompt_ids"], spec)
+                limits = req.get("max_tokens")   # per prompt (multi-turn continuations), else spec's
+                samples = (engine.generate(req["prompt_ids"], spec) if limits is None
+                           else engine.generate(req["prompt_ids"], spec, max_tokens=limits))
                 return {"samples": [[asdict(s) for s in group] for group in samples]}
             if self.path == "/load_weights":
                 engine.load_weights(load(body).items())

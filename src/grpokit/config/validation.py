@@ -151,8 +151,8 @@ def _check_agents(cfg: GRPOConfig) -> None:
            "prompts), or choose another task")
     if not r.tools and not r.environment:
         return
-    _check(r.backend in ("auto", "fast"), f"rollout.tools / rollout.environment run in grpokit's own sampler "
-           f"(multi-turn on vLLM is not implemented): set rollout.backend=auto, not {r.backend}")
+    _check(r.backend != "generate", "rollout.tools / rollout.environment run in grpokit's own sampler or on "
+           "vLLM, not model.generate: set rollout.backend=auto or vllm")
     _check(cfg.loss.algorithm == "grpo", "rollout.tools / rollout.environment train with GRPO: set "
            "loss.algorithm=grpo")
 

@@ -11,4 +11,5 @@
     vllm_backend  the same Rollout from a vLLM engine (rollout.backend=vllm)
     vllm_engine   the engine contract, and the real vLLM engine behind it
     async_worker  rollout.async's worker process: samples batches with the weights it was sent
+    vllm_turns    the tool loop on an engine: rounds of generate calls on each row's token ids so far
 """

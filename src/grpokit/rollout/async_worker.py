@@ -39,7 +39,7 @@ from grpokit import switch
 from grpokit.model.logprobs import per_token_logprobs
 from grpokit.model.precision import autocast_for
 from grpokit.rollout.groups import Rollout, sample_groups
-from grpokit.rollout.vllm_backend import ServerEngine, engine_rollout
+from grpokit.rollout.vllm_backend import SamplingSpec, ServerEngine, engine_rollout
 
 
 @dataclass
@@ -88,9 +88,10 @@ class _ServerSampler:
         self.engine.load_weights(weights.items())
 
     def sample(self, batch: int, prompts: list) -> tuple[Rollout, torch.Tensor | None]:
-        seed = (self.spec.cfg.run.seed * 1_000_003 + batch) % (2**31 - 1)
-        return engine_rollout(self.engine, self.spec.tokenizer, prompts, self.spec.cfg, self.spec.eos_ids,
-                              seed), None
+        r, seed = self.spec.cfg.rollout, (self.spec.cfg.run.seed * 1_000_003 + batch) % (2**31 - 1)
+        spec = SamplingSpec(r.num_generations, r.max_completion_length, r.temperature, r.top_p, r.top_k,
+                            tuple(self.spec.eos_ids), seed)
+        return engine_rollout(self.engine, self.spec.tokenizer, prompts, self.spec.cfg, spec), None
 
 
 class ThreadWorker:
@@ -141,8 +142,8 @@ def rollout_from(payload: bytes | dict[str, Any]) -> Rollout:
 
 
 def sample_batch(model: torch.nn.Module, tokenizer, prompts: list, kw: dict[str, Any]) -> Rollout:
-    """One batch the way the synchronous step samples it (the fast sampler inside the one switch, grpokit.switch),
-    with the sampling log-probs: the sampler's own, or one forward pass when the backend has none."""
+    """One batch the way the synchronous step samples it (the fast sampler inside the one switch,
+    grpokit.switch), with the sampling log-probs: the sampler's own, or one forward pass when the backend has none."""
     with switch.accelerated(model, None):
         rollout = sample_groups(model, tokenizer, prompts, **kw)
     if rollout.sampling_logprobs is None:   # backend=generate: the log-probs of the sampled tokens

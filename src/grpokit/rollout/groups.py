@@ -294,8 +294,8 @@ def sample_groups(
     T = max(p.shape[1] for p in pieces)
     completion_ids = _pad_cat(pieces, T, tokenizer.pad_token_id)                  # [N, T]
     if driver is not None:
-        return _turns_rollout(tokenizer, prompts, prompt_ids, prompt_mask, group_size, completion_ids,
-                              _pad_cat(logps, T, 0), driver, eos_ids)
+        return turns_rollout(tokenizer, prompts, prompt_ids, prompt_mask, group_size, completion_ids,
+                             _pad_cat(logps, T, 0), driver, eos_ids)
     mask, truncated = completion_mask_from_ids(completion_ids, eos_ids)
     completion_ids = torch.where(mask.bool(), completion_ids,
                                  torch.full_like(completion_ids, tokenizer.pad_token_id))
@@ -339,10 +339,11 @@ def _begin_turns(model, backend: str, use_fast: bool, driver: TurnDriver, prompt
     driver.begin([r for r in rows for _ in range(group_size)])
 
 
-def _turns_rollout(tokenizer, prompts: Sequence[Any], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                   group_size: int, completion_ids: torch.Tensor, logps: torch.Tensor, driver: TurnDriver,
-                   eos_ids: list[int]) -> Rollout:
-    """The Rollout of a multi-turn decode: masks and ends from the driver's trajectories."""
+def turns_rollout(tokenizer, prompts: Sequence[Any], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                  group_size: int, completion_ids: torch.Tensor, logps: torch.Tensor, driver: TurnDriver,
+                  eos_ids: list[int]) -> Rollout:
+    """The Rollout of a multi-turn decode (grpokit's sampler or an engine's, grpokit.rollout.vllm_turns):
+    completion_ids and logps [N, T]; masks and ends from the driver's trajectories."""
     N, T = completion_ids.shape
     mask, model = turn_masks(driver.trajectories, driver.lengths, T, completion_ids.device)    # [N, T] each
     completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids,

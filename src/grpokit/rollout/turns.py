@@ -52,6 +52,15 @@ class TurnDriver(Protocol):
         """Decoding ended with `tokens` [n, steps]: rows still going were cut by the length budget."""
         ...
 
+    def end_turns(self, rows: dict[int, list[int]]) -> tuple[dict[int, list[int]], list[int]]:
+        """`after_token` for rows (global ids) at any columns, each given its completion so far (the
+        engine loop's rounds, grpokit.rollout.vllm_turns): ({row: env ids to append}, rows that ended)."""
+        ...
+
+    def close(self, g: int, ids: list[int]) -> None:
+        """Row g's decoding is over with completion `ids` (a row still going was cut by the budget)."""
+        ...
+
 
 @torch.no_grad()
 def decode_turns(engine, driver: TurnDriver, row0: int, N: int, max_new_tokens: int, temperature: float,

@@ -15,17 +15,22 @@ pi_sampler != pi_old; the trainer corrects this with truncated importance sampli
 (loss.truncated_is_weights, loss.tis_level / loss.tis_cap) and reports tis/mean_weight,
 tis/clipped_frac and the measured mismatch tis/logprob_diff_mean, tis/logprob_diff_max per step.
 
+With tools or an environment (grpokit.agents), vLLM samples the model's turns and grpokit runs the tools
+between them, each continuation a request on the row's token ids so far (`VLLMRollouts.sample_turns`,
+grpokit.rollout.vllm_turns); the Rollout is the built-in multi-turn one (model_mask, trajectories).
+
 Any object with the `GenerationEngine` methods can stand in for vLLM (tests/rollout/test_vllm_backend.py
 uses a CPU stand-in; tests/rollout/test_vllm_real.py drives a real engine).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import tempfile
 import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,7 +39,14 @@ import torch
 from safetensors.torch import save, save_file
 
 from grpokit.model.precision import compute_dtype
-from grpokit.rollout.groups import Rollout, completion_mask_from_ids, encode_prompts, eos_token_ids
+from grpokit.rollout.groups import (
+    Rollout,
+    completion_mask_from_ids,
+    eos_token_ids,
+    render_prompts,
+    turns_rollout,
+)
+from grpokit.rollout.turns import TurnDriver
 from grpokit.rollout.vllm_engine import (
     INSTALL_HINT,
     GenerationEngine,
@@ -45,10 +57,11 @@ from grpokit.rollout.vllm_engine import (
     policy_weights,
     require_vllm,
 )
+from grpokit.rollout.vllm_turns import sample_turns
 
 __all__ = ["INSTALL_HINT", "GenerationEngine", "Sample", "SamplingSpec", "ServerEngine", "VLLMEngine",
            "VLLMError", "VLLMRollouts", "build_rollouts", "engine_rollout", "in_process_backend",
-           "rollout_from_samples", "vllm_sample"]
+           "rollout_from_samples", "vllm_agent_sampler", "vllm_sample"]
 
 log = logging.getLogger("grpokit")
 
@@ -95,8 +108,12 @@ class ServerEngine:
                                   "`grpokit vllm-serve --model PATH` or fix "
                                   "rollout.vllm_server_base_url") from None
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Sample]]:
-        body = json.dumps({"prompt_ids": [list(map(int, p)) for p in prompt_ids], "spec": asdict(spec)})
+    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec,
+                 max_tokens: Sequence[int] | None = None) -> list[list[Sample]]:
+        request = {"prompt_ids": [list(map(int, p)) for p in prompt_ids], "spec": asdict(spec)}
+        if max_tokens is not None:
+            request["max_tokens"] = list(map(int, max_tokens))
+        body = json.dumps(request)
         out = self._post("/generate", body.encode())
         return [[Sample(s["token_ids"], s["logprobs"]) for s in group] for group in out["samples"]]
 
@@ -164,8 +181,8 @@ class VLLMRollouts:
         self.engine, self.colocate, self.push_weights, self.synced_step = (engine, colocate, push_weights,
                                                                            synced_step)
 
-    def sample(self, state: Any, prompts: Sequence[Any]) -> Rollout:
-        """G completions for each prompt from the engine, holding the policy's weights of this step."""
+    def _ready(self, state: Any) -> None:
+        """Wake the engine (colocated) and give it the policy's weights of this step, once per step."""
         if self.colocate:
             self.engine.wake_up()
         if self.synced_step != state.step:
@@ -173,31 +190,57 @@ class VLLMRollouts:
                 self.engine.load_weights(policy_weights(state.model))   # LoRA merged in
             state.dist.barrier()          # server mode: nobody samples before rank 0 has pushed
             self.synced_step = state.step
+
+    def _spec(self, state: Any, n: int) -> SamplingSpec:
+        r = state.cfg.rollout
         seed = int(torch.randint(0, 2**31 - 1, (1,)))   # from the run's RNG: reproducible and resumable
-        rollout = engine_rollout(self.engine, state.tokenizer, prompts, state.cfg,
-                                 eos_token_ids(state.model, state.tokenizer), seed,
+        return SamplingSpec(n, r.max_completion_length, r.temperature, r.top_p, r.top_k,
+                            tuple(eos_token_ids(state.model, state.tokenizer)), seed)
+
+    def sample(self, state: Any, prompts: Sequence[Any]) -> Rollout:
+        """G completions for each prompt from the engine, holding the policy's weights of this step."""
+        self._ready(state)
+        spec = self._spec(state, state.cfg.rollout.num_generations)
+        rollout = engine_rollout(self.engine, state.tokenizer, prompts, state.cfg, spec,
                                  device=next(state.model.parameters()).device)
         if self.colocate:
             self.engine.sleep()
         return rollout
 
+    def sample_turns(self, state: Any, prompts: Sequence[Any], group_size: int, *, driver: TurnDriver,
+                     tools: Sequence[list[dict] | None] | None = None) -> Rollout:
+        """Multi-turn: G rollouts for each prompt with the driver's tools (grpokit.rollout.vllm_turns), as
+        `sample_groups(..., driver=driver)` lays them out; tools: per prompt, the schemas its chat prompt
+        renders."""
+        r = state.cfg.rollout
+        self._ready(state)
+        p_ids, p_mask = render_prompts(state.tokenizer, prompts, r.max_prompt_length, r.truncate_prompt,
+                                       state.cfg.task.chat_template_kwargs, tools)
+        rows = [row[m.bool()].tolist() for row, m in zip(p_ids, p_mask)]
+        driver.begin([row for row in rows for _ in range(group_size)])
+        spec = self._spec(state, group_size)
+        ids, lps = sample_turns(self.engine, driver, rows, group_size, spec)
+        if self.colocate:
+            self.engine.sleep()
+        device = next(state.model.parameters()).device
+        T = max(1, max(len(row) for row in ids))
+        pad = state.tokenizer.pad_token_id
+        completion_ids = torch.tensor([row + [pad] * (T - len(row)) for row in ids], device=device)  # [N, T]
+        logps = torch.tensor([row + [0.0] * (T - len(row)) for row in lps], device=device)          # [N, T]
+        return turns_rollout(state.tokenizer, prompts, p_ids.to(device), p_mask.to(device), group_size,
+                             completion_ids, logps, driver, list(spec.stop_token_ids))
 
-def engine_rollout(engine: GenerationEngine, tokenizer, prompts: Sequence[Any], cfg: Any, eos: list[int],
-                   seed: int, device: torch.device | str = "cpu") -> Rollout:
-    """G completions for each prompt from an engine holding the weights to sample with, on `device`;
-    chat prompts are rendered with the chat template, as `sample_groups` does."""
+
+def engine_rollout(engine: GenerationEngine, tokenizer, prompts: Sequence[Any], cfg: Any, spec: SamplingSpec,
+                   device: torch.device | str = "cpu") -> Rollout:
+    """spec.n completions for each prompt from an engine holding the weights to sample with, on `device`
+    (prompts rendered as `sample_groups` renders them; used by the synchronous and the async paths)."""
     r = cfg.rollout
-    chat = [isinstance(p, list) for p in prompts]
-    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
-                                           **cfg.task.chat_template_kwargs) if c else p
-             for p, c in zip(prompts, chat)]
-    p_ids, p_mask = encode_prompts(tokenizer, texts, r.max_prompt_length, r.truncate_prompt,
-                                   add_special_tokens=not any(chat))
-    spec = SamplingSpec(r.num_generations, r.max_completion_length, r.temperature, r.top_p, r.top_k,
-                        tuple(eos), seed)
+    p_ids, p_mask = render_prompts(tokenizer, prompts, r.max_prompt_length, r.truncate_prompt,
+                                   cfg.task.chat_template_kwargs)
     samples = engine.generate([row[m.bool()].tolist() for row, m in zip(p_ids, p_mask)], spec)
-    return rollout_from_samples(tokenizer, prompts, p_ids.to(device), p_mask.to(device), samples,
-                                r.num_generations, eos)
+    return rollout_from_samples(tokenizer, prompts, p_ids.to(device), p_mask.to(device), samples, spec.n,
+                                list(spec.stop_token_ids))
 
 
 def build_rollouts(state: Any) -> VLLMRollouts:
@@ -237,3 +280,13 @@ def vllm_sample(state: Any, prompts: Sequence[Any]) -> Rollout:
     if state.rollout_engine is None:
         state.rollout_engine = build_rollouts(state)
     return state.rollout_engine.sample(state, prompts)
+
+
+def vllm_agent_sampler(state: Any) -> Callable[..., Rollout] | None:
+    """rollout.backend=vllm: the run's engine as the multi-turn sampler `Agent.sample` takes,
+    sampler(prompts, group_size, driver=, tools=) -> Rollout; None for grpokit's own sampler."""
+    if state.cfg.rollout.backend != "vllm":
+        return None
+    if state.rollout_engine is None:
+        state.rollout_engine = build_rollouts(state)
+    return functools.partial(state.rollout_engine.sample_turns, state)

@@ -69,8 +69,10 @@ class Sample:
 class GenerationEngine(Protocol):
     """The four calls grpokit makes on a generation engine (vLLM, the HTTP client, or a test stand-in)."""
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Sample]]:
-        """spec.n samples for each prompt (unpadded token ids), in prompt order."""
+    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec,
+                 max_tokens: Sequence[int] | None = None) -> list[list[Sample]]:
+        """spec.n samples for each prompt (unpadded token ids), in prompt order; max_tokens: per prompt,
+        in place of spec.max_tokens (multi-turn: what is left of each row's budget)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights with these (Hugging Face parameter names)."""
@@ -213,8 +215,10 @@ class VLLMEngine:
         self.sleep_mode = opts["enable_sleep_mode"]
         self.sleeping = False
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[list[Sample]]:
-        params = [self._params(n=spec.n, max_tokens=spec.max_tokens, temperature=spec.temperature,
+    def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec,
+                 max_tokens: Sequence[int] | None = None) -> list[list[Sample]]:
+        limits = [spec.max_tokens] * len(prompt_ids) if max_tokens is None else list(max_tokens)
+        params = [self._params(n=spec.n, max_tokens=limits[i], temperature=spec.temperature,
                                top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else -1, logprobs=0,
                                stop_token_ids=list(spec.stop_token_ids), detokenize=False,
                                seed=None if spec.seed is None else spec.seed + i)

@@ -15,7 +15,7 @@ import torch
 from grpokit.observe.metrics import PhaseTimer
 from grpokit.rewards.scoring import REWARDS, reward_kwargs, score_responses, token_char_ends
 from grpokit.rollout.groups import merge_kept_groups, sample_groups
-from grpokit.rollout.vllm_backend import vllm_sample
+from grpokit.rollout.vllm_backend import vllm_agent_sampler, vllm_sample
 from grpokit.train.state import TrainState
 
 
@@ -33,7 +33,7 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
         env_extra: dict[str, Any] = {}
         if state.agent is not None:   # tools / environments: multi-turn (grpokit.agents)
             rollout, env_extra = state.agent.sample(state.model, state.tokenizer, examples, r.num_generations,
-                                                    cfg)
+                                                    cfg, sampler=vllm_agent_sampler(state))
         elif r.backend == "vllm":
             rollout = vllm_sample(state, prompts)
         else:
