@@ -143,7 +143,8 @@ def rollout_from(payload: bytes | dict[str, Any]) -> Rollout:
 
 def sample_batch(model: torch.nn.Module, tokenizer, prompts: list, kw: dict[str, Any]) -> Rollout:
     """One batch the way the synchronous step samples it (the fast sampler inside the one switch,
-    grpokit.switch), with the sampling log-probs: the sampler's own, or one forward pass when the backend has none."""
+    grpokit.switch), with the sampling log-probs: the sampler's own, or one forward pass when the
+    backend has none."""
     with switch.accelerated(model, None):
         rollout = sample_groups(model, tokenizer, prompts, **kw)
     if rollout.sampling_logprobs is None:   # backend=generate: the log-probs of the sampled tokens
