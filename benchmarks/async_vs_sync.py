@@ -82,7 +82,7 @@ def run_one(config: str | None, mode: str, seed: int, steps: int, eval_steps: in
             "lag_mean": statistics.mean(r.get("async/policy_lag", 0.0) for r in rows),
             "tis_mean_weight": statistics.mean([r["tis/mean_weight"] for r in rows if "tis/mean_weight" in r]
                                                or [1.0]),
-            "wall_s": wall, "command": " ".join(argv[2:])}
+            "wall_s": wall, "run_command": " ".join(argv[2:])}
 
 
 def time_to(curve: list[list[float]], target: float) -> float | None:

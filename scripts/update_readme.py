@@ -27,7 +27,8 @@ from grpokit.config.schema import config_reference
 from grpokit.observe.demo import format_before_after
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from docs_async import ASYNC_START, async_row, render_async  # noqa: E402, F401  (scripts/docs_async.py; ASYNC_START: tests)
+# scripts/docs_async.py; ASYNC_START: for the tests
+from docs_async import ASYNC_START, async_row, async_server_row, render_async  # noqa: E402, F401
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -232,7 +233,8 @@ STATIC_ROWS = [
 
 def headline() -> str:
     """The README's headline table, its measured rows computed from the raw files."""
-    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), search_row(), async_row(), rm_row(),
+    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), search_row(), async_row(),
+            async_server_row(), rm_row(),
             ppo_row(), *STATIC_ROWS]
     return "\n".join(["| what | result | page, raw rows |", "|---|---|---|", *rows])
 

