@@ -29,7 +29,8 @@ from pathlib import Path
 _USER_ERRORS = (("grpokit.model.loading", "ModelError"), ("grpokit.train.run_dir", "OutputDirError"),
                 ("grpokit.rollout.groups", "PromptTooLongError"), ("grpokit.tasks", "TaskError"),
                 ("grpokit.rewards.scoring", "RewardError"), ("grpokit.model.lora", "LoRAError"),
-                ("grpokit.rollout.vllm_engine", "VLLMError"))
+                ("grpokit.rollout.vllm_engine", "VLLMError"),
+                ("grpokit.train.async_rollouts", "AsyncWorkerError"))
 
 
 class ConfigError(ValueError):

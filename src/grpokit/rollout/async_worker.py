@@ -12,7 +12,10 @@ Protocol, in order on one command queue (so a batch is always sampled with the w
 and on the result queue, one message per batch, in order:
 
     ("ready",)                                                 started (sent once)
-    ("rollout", batch, version, payload, rng_after, seconds)   payload: `rollout_payload` bytes
+    ("rollout", batch, version, payload, rng_after, seconds)   payload: `rollout_payload` bytes,
+                                                               rng_after: the RNG state's bytes
+Results are plain bytes, never tensors: a tensor crosses processes as a shared-memory handle that the
+receiver opens through the sender, which fails if the worker died in between.
     ("error", batch, message)                                  a sampling error (the run stops on it)
 
 The worker draws from its own torch RNG, seeded with the state the trainer hands over at start (a fresh
@@ -50,7 +53,7 @@ class WorkerSpec:
     tokenizer: Any
     sample_kwargs: dict[str, Any]    # sample_groups' keywords (group_size, max_new_tokens, temperature, ...)
     rng_state: torch.Tensor | None   # the torch RNG state to start drawing from (a process worker)
-    version: int                     # the policy version the worker holds at start
+    version: int                     # the policy version the worker holds at start (-1: none yet)
     threads: int = 1                 # torch threads in the worker process
     cpus: list[int] = field(default_factory=list)   # cores to pin the worker process to ([]: not pinned)
     delay_s: float = 0.0             # tests only: sleep before each batch (a slow worker)
@@ -72,9 +75,9 @@ class _ModelSampler:
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(weights)
 
-    def sample(self, batch: int, prompts: list) -> tuple[Rollout, torch.Tensor | None]:
+    def sample(self, batch: int, prompts: list) -> tuple[Rollout, bytes | None]:
         rollout = sample_batch(self.model, self.spec.tokenizer, prompts, self.spec.sample_kwargs)
-        return rollout, torch.get_rng_state()
+        return rollout, torch.get_rng_state().numpy().tobytes()
 
 
 class _ServerSampler:
@@ -87,7 +90,7 @@ class _ServerSampler:
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         self.engine.load_weights(weights.items())
 
-    def sample(self, batch: int, prompts: list) -> tuple[Rollout, torch.Tensor | None]:
+    def sample(self, batch: int, prompts: list) -> tuple[Rollout, bytes | None]:
         r, seed = self.spec.cfg.rollout, (self.spec.cfg.run.seed * 1_000_003 + batch) % (2**31 - 1)
         spec = SamplingSpec(r.num_generations, r.max_completion_length, r.temperature, r.top_p, r.top_k,
                             tuple(self.spec.eos_ids), seed)

@@ -52,8 +52,9 @@ STATE_FILE = "async_rollouts.pt"
 DELAY_ENV = "GRPOKIT_TEST_ASYNC_WORKER_DELAY"   # tests only: seconds the worker sleeps before each batch
 
 
-class AsyncWorkerError(RuntimeError):
-    """The rollout worker failed or died too often: one line saying what happened and how to go on."""
+class AsyncWorkerError(Exception):
+    """The rollout worker failed or died too often: one line saying what happened and how to go on (not
+    a RuntimeError: a checkpoint save that finds the worker dead must not report it as a write failure)."""
 
 
 @dataclass
@@ -83,8 +84,7 @@ class AsyncRollouts:
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}   # pushed weights still needed
         self.proc = self.commands = self.results = None
         self.model = self.tokenizer = None
-        self.held = -1               # the version the worker holds (as sent)
-        self.trainer_version = 0     # the trainer's version at the last `next`
+        self.held = -1               # the version the worker holds (as sent; -1: none yet)
         self.restarts = 0
         self.last_heard = 0.0
         self.started = False         # the current worker process said "ready"
@@ -99,7 +99,7 @@ class AsyncRollouts:
     # ---- the step's side --------------------------------------------------------------------------
     def next(self, state) -> tuple[Rollout, list, dict[str, float]]:
         """Batch `state.step`, sampled by the worker: (rollout, its examples, async/* metrics)."""
-        v = self.trainer_version = state.step
+        v = state.step
         if self.proc is None:
             self._start(state)
         elif v % self.N == 0 and v > max(self.snapshots, default=-1):
@@ -143,6 +143,12 @@ class AsyncRollouts:
         while item.rollout is None:
             try:
                 msg = self.results.get(timeout=0.5)
+            except (ConnectionError, EOFError, OSError):   # a worker that died while sending
+                self.proc.join(timeout=5)
+                if self.proc.is_alive():
+                    raise
+                self._restart(f"exited with code {self.proc.exitcode} while sending")
+                continue
             except queue.Empty:
                 if not self.proc.is_alive() and not self.started:
                     raise AsyncWorkerError(
@@ -169,7 +175,8 @@ class AsyncRollouts:
         _, b, version, payload, rng_after, seconds = msg
         item = self.pending[b]
         item.rollout, item.seconds = rollout_from(payload), seconds
-        self.rng = rng_after if rng_after is not None else self.rng   # in order; a server has no RNG here
+        if rng_after is not None:   # batches come in order; a server has no RNG here
+            self.rng = torch.frombuffer(bytearray(rng_after), dtype=torch.uint8)
         self.last_heard = time.monotonic()
 
     def _forget_old_weights(self) -> None:
@@ -202,11 +209,12 @@ class AsyncRollouts:
         if not self.server:   # a server has its own cores (or machine)
             self.worker_cpus, self.worker_threads = self._cores.enter_context(core_share(self.cfg))
         self.eos_ids = eos_token_ids(state.model, state.tokenizer)
-        self.trainer_version = state.step
-        self._spawn(state.step)
+        self._spawn()
 
-    def _spawn(self, version: int) -> None:
-        """A worker holding the trainer's current weights (`version`), drawing from `self.rng`."""
+    def _spawn(self) -> None:
+        """A new worker drawing from `self.rng`. It holds no version yet: the first batch sent pushes the
+        weights it needs (kept in `snapshots` while a batch not delivered needs them), whatever the
+        trainer's weights are now (a restart inside a checkpoint save runs after the step's update)."""
         r, task = self.cfg.rollout, self.cfg.task
         kw = dict(group_size=r.num_generations, max_new_tokens=r.max_completion_length,
                   temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
@@ -215,12 +223,12 @@ class AsyncRollouts:
                   chat_template_kwargs=task.chat_template_kwargs)
         delay = float(os.environ.get(DELAY_ENV) or 0)
         if self.server:   # a thread drives the vLLM server
-            spec = WorkerSpec(None, self.tokenizer, kw, None, version, delay_s=delay, cfg=self.cfg,
+            spec = WorkerSpec(None, self.tokenizer, kw, None, -1, delay_s=delay, cfg=self.cfg,
                               server_url=r.vllm_server_base_url, eos_ids=self.eos_ids)
             self.commands, self.results = queue.Queue(), queue.Queue()
             self.proc = ThreadWorker(spec, self.commands, self.results)
         else:
-            spec = WorkerSpec(copy.deepcopy(self.model), self.tokenizer, kw, self.rng.clone(), version,
+            spec = WorkerSpec(copy.deepcopy(self.model), self.tokenizer, kw, self.rng.clone(), -1,
                               threads=self.worker_threads, cpus=self.worker_cpus, delay_s=delay)
             ctx = tmp.get_context("spawn")
             self.commands, self.results = ctx.Queue(), ctx.Queue()
@@ -232,8 +240,7 @@ class AsyncRollouts:
             raise AsyncWorkerError(f"rollout.async: the policy cannot be sent to the worker process "
                                    f"({str(e).splitlines()[0]}): use a picklable model, or set "
                                    "rollout.async.max_staleness=none") from None
-        # a server may hold any weights (its start folder, an earlier run): the first batch pushes its own
-        self.held = -1 if self.server else version
+        self.held = -1   # a server too may hold any weights (its start folder, an earlier run)
         self.last_heard, self.started = time.monotonic(), False
 
     def _restart(self, why: str) -> None:
@@ -248,7 +255,7 @@ class AsyncRollouts:
                                    "last checkpoint (--resume)")
         log.warning("the rollout worker %s: restarting it (%d of %d); the batches it had not delivered are "
                     "sampled again with the same weights and RNG", why, self.restarts, limit)
-        self._spawn(self.trainer_version)
+        self._spawn()
         for b in sorted(k for k, p in self.pending.items() if p.rollout is None):
             self._send(b)
 
