@@ -45,6 +45,7 @@ class RunGuard:
         self.cfg, self.dist, self.out = cfg, dist, Path(cfg.run.output_dir)
         self.lock = FolderLock(self.out / LOCK_FILE, f"run.output_dir '{self.out}'")
         self.signals = Interrupts()
+        self.signals.coordinated = dist.world_size > 1   # a signal to one rank: every rank stops together
         self.state = None            # set by prepare_output_dir: the step count for the message
         self.replacing = False       # a previous run waits in .previous-run for this one's first save
         self.restored = False        # ... and was put back

@@ -71,6 +71,9 @@ class Interrupts:
         self._in_step = False
         self._again = False              # the next signal is one this object re-sent (`_deliver_again`)
         self._previous: dict[int, object] = {}
+        # several ranks: a first signal outside a step is recorded too and acted on at the next step's end,
+        # where every rank agrees (raised at once on one rank, the others would wait in a collective)
+        self.coordinated = False
 
     def __enter__(self) -> "Interrupts":
         if threading.current_thread() is threading.main_thread():
@@ -106,7 +109,7 @@ class Interrupts:
         first = self.signum is None
         if first:
             self.signum, self._at = signum, now
-        if self.holding or (first and self._in_step):
+        if self.holding or (first and (self._in_step or self.coordinated)):
             return
         if _in_finalizer(frame):                 # Python prints and drops an exception raised in __del__
             threading.Timer(0.05, self._deliver_again).start()
