@@ -31,12 +31,8 @@ def tiny(out: Path, K: int | None = 1, N: int = 1, **over):
     return build_config({**values, **over})
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same reductions in every run: bit-identical results on CPU
-    yield
-    torch.set_num_threads(n)
+# one torch thread (tests/conftest.py): the same reductions in every run, bit-identical results on CPU
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def final_weights(out: Path) -> dict:
