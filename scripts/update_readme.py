@@ -7,6 +7,7 @@
     docs/memory.md          the peak-memory table and its ratios, from benchmarks/results/memory_table.jsonl
     docs/real_model.md      SmolLM2's GSM8K baseline, from benchmarks/results/gsm8k_smollm2_baseline.jsonl
     docs/async.md           async against sync, from benchmarks/results/async_*.jsonl (scripts/docs_async.py)
+    docs/search.md          tree against flat GRPO, from benchmarks/results/tree_*.jsonl (docs_tree.py)
     README.md               the demo's output (seed 0's raw rows), the headline table and the agents
                             results, each figure computed from the raw rows under benchmarks/results/
                             that the table names
@@ -29,6 +30,7 @@ from grpokit.observe.demo import format_before_after
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # scripts/docs_async.py; ASYNC_START: for the tests
 from docs_async import ASYNC_START, async_row, async_server_row, render_async  # noqa: E402, F401
+from docs_tree import TREE_START, render_tree  # noqa: E402, F401  (scripts/docs_tree.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -389,7 +391,8 @@ if __name__ == "__main__":
     page.write_text(render(page.read_text(encoding="utf-8")), encoding="utf-8")
     for name, fn in (("agents.md", render_agents), ("demo.md", render_demo_page),
                      ("performance.md", render_performance), ("memory.md", render_memory),
-                     ("real_model.md", render_real_model), ("async.md", render_async)):
+                     ("real_model.md", render_real_model), ("async.md", render_async),
+                     ("search.md", render_tree)):
         doc = ROOT / "docs" / name
         doc.write_text(fn(doc.read_text(encoding="utf-8")), encoding="utf-8")
     readme = ROOT / "README.md"

@@ -45,7 +45,8 @@ def test_the_demo_and_performance_tables_come_from_their_raw_rows():
                                 ("performance.md", mod.BENCH_START, mod.render_performance),
                                 ("memory.md", mod.MEMORY_START, mod.render_memory),
                                 ("real_model.md", mod.GSM8K_START, mod.render_real_model),
-                                ("async.md", mod.ASYNC_START, mod.render_async)):
+                                ("async.md", mod.ASYNC_START, mod.render_async),
+                                ("search.md", mod.TREE_START, mod.render_tree)):
         page = (ROOT / "docs" / name).read_text(encoding="utf-8")
         assert start in page, f"docs/{name} has lost its markers"
         assert render(page) == page, "run: python scripts/update_readme.py"

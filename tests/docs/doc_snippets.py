@@ -68,6 +68,8 @@ SUBSTITUTIONS: list[tuple[str, str, str, str]] = [
     ("bash", r"--model smollm2-135m-instruct\b", f"--model {STANDIN_MODEL}",
      "SmolLM2-135M steps take seconds each on one core: the tiny stand-in runs the same flags"),
     ("bash", r"/tmp/arith-demo\b", "arith-demo", "a test writes only inside its own tmp folder"),
+    ("bash", r"rollout\.tree\.widths=\[2,4\]", "rollout.tree.widths=[1,2]",
+     "the sized run samples G = 2 completions: a tree of two leaves, forking at the same token"),
     ("bash", r"\bsamples_7600x8\.jsonl\b", "samples.jsonl",
      "the 7600x8 sample file is the long experiment's: the page's own `rm collect` output stands in"),
     ("bash", r"\bother\.jsonl\b", "samples.jsonl",

@@ -174,6 +174,13 @@ class RolloutConfig:
                                  "(the run's numbers unchanged), then the run stops with one line")
     async_heartbeat_stale_after_s: float = _f(600.0, "async: seconds without a batch from a busy worker "
                                               "before it counts as hung")
+    # tree rollouts (grpokit.rollout.tree), also spelled rollout.tree.<name>
+    tree_widths: list = _f([], "tree: children per node at each depth, [w_0, ..., w_D] with product "
+                           "num_generations (the root's w_0 paths fork into w_1 at branch_at[0], ...); [] = "
+                           "flat sampling")
+    tree_branch_at: list = _f([], "tree: the D increasing token counts where every live path forks")
+    tree_segment_weight: float = _f(1.0, "tree: weight of the segment term (V(node) - V(parent)) / s added "
+                                    "to the outcome advantage (0: the outcome advantage alone)")
 
 
 @dataclass

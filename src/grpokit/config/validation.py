@@ -7,6 +7,7 @@ calls `validate` when it is built, so a bad value never reaches training.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from typing import TYPE_CHECKING, Literal
@@ -133,6 +134,36 @@ def _check_async(cfg: GRPOConfig) -> None:
                "run.iterations": (bool(cfg.run.iterations), "Algorithm 1 relabels the step's own samples")}
     for key, (on, why) in refused.items():
         _check(not on, f"rollout.async.max_staleness with {key}: not supported ({why}): drop one of them")
+
+
+def _check_tree(cfg: GRPOConfig) -> None:
+    """rollout.tree.* (grpokit.rollout.tree): a tree with num_generations leaves, forking inside T."""
+    r = cfg.rollout
+    widths, at = r.tree_widths, r.tree_branch_at
+    if not widths:
+        _check(not at, "rollout.tree.branch_at needs rollout.tree.widths (children per depth): set both")
+        return
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in [*widths, *at])
+    _check(ints and min(widths) >= 1, f"rollout.tree.widths and branch_at must be integers, widths >= 1 "
+           f"(e.g. rollout.tree.widths=[2,4] rollout.tree.branch_at=[8]), got {widths} and {at}")
+    _check(math.prod(widths) == r.num_generations, f"rollout.tree.widths={widths} has {math.prod(widths)} "
+           f"leaves but rollout.num_generations={r.num_generations}: make their product G")
+    _check(len(at) == len(widths) - 1, f"rollout.tree.branch_at needs {len(widths) - 1} token counts "
+           f"(one per width after the first), got {at}")
+    _check(all(a < b for a, b in zip([0, *at], at)) and (not at or at[-1] < r.max_completion_length),
+           f"rollout.tree.branch_at={at} must increase, each between 1 and rollout.max_completion_length - 1 "
+           f"({r.max_completion_length - 1})")
+    _check(math.isfinite(r.tree_segment_weight), "rollout.tree.segment_weight must be a finite number")
+    refused = {"rollout.backend": (r.backend != "auto" and r.backend != "fast",
+                                   "forking needs grpokit's sampler: set rollout.backend=auto"),
+               "rollout.tools / rollout.environment": (bool(r.tools or r.environment), "one turn per leaf"),
+               "rollout.async.max_staleness": (r.async_max_staleness is not None, "the worker samples flat"),
+               "rollout.dynamic_sampling": (r.dynamic_sampling, "it regroups rows across rounds"),
+               "loss.algorithm=ppo": (cfg.loss.algorithm == "ppo", "the critic's values replace the tree's"),
+               "loss.multi_objective_aggregation=normalize_then_sum":
+                   (cfg.loss.multi_objective_aggregation == "normalize_then_sum", "the tree uses one reward")}
+    for key, (on, why) in refused.items():
+        _check(not on, f"rollout.tree.widths with {key}: not supported ({why}): drop one of them")
 
 
 def _check_agents(cfg: GRPOConfig) -> None:
@@ -308,8 +339,9 @@ def _check_reward_models(cfg: GRPOConfig) -> None:
 
 def validate(cfg: GRPOConfig) -> None:
     """Every check; each failure is one line naming the field and the fix."""
-    for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_async, _check_agents,
-                  _check_loss, _check_optim_and_run, _check_reward_model_task, _check_reward_models):
+    for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_async, _check_tree,
+                  _check_agents, _check_loss, _check_optim_and_run, _check_reward_model_task,
+                  _check_reward_models):
         check(cfg)
 
 

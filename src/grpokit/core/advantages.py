@@ -20,11 +20,12 @@ Several reward functions (multi_objective_aggregation):
                          each reward keeps its own scale inside the group, so one with a large range does not
                          drown the others.
 
-Process supervision (DeepSeekMath section 4.1.3): see `process_advantages`.
+Process supervision (DeepSeekMath section 4.1.3): see `process_advantages`. Tree rollouts: `tree_advantages`.
 """
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import Sequence
 
@@ -148,3 +149,54 @@ def process_advantages(step_rewards: Sequence[Sequence[tuple[int, float]]], grou
                 end = min(int(end), completion_length - 1)
                 adv[i, : end + 1] += (float(r) - mean) / std
     return adv
+
+
+def tree_advantages(rewards: torch.Tensor, widths: Sequence[int], branch_at: Sequence[int],
+                    completion_length: int, eps: float = 1e-8, scale_rewards: str = "group") -> torch.Tensor:
+    """The segment term of tree rollouts' advantages (`grpokit.rollout.tree`), added to the outcome one.
+
+    A group's G leaves are the rows of a tree (widths w_0..w_D, G = prod w; leaves below a node
+    contiguous); depth d's tokens are the columns [b_d, b_{d+1}) (b_0 = 0, b_{D+1} = T). A node's value
+    is the mean reward of the leaves below it, V(n) = mean_{i under n} r_i. Leaf i's token t in depth
+    d's segment (its node n_d, whose parent is n_{d-1}) gets
+
+        A_{i,t} = A_i + (V(n_d) - V(n_{d-1})) / s        for d >= 1 (a branch inside the completion)
+        A_{i,t} = A_i                                    for d = 0  (the root's split is the group itself)
+
+    where A_i is the leaf's outcome advantage (`group_advantages`, the same s) and s the group's reward
+    std (scale_rewards=group), the batch's (batch) or 1 (none); this function returns the second term,
+    [B*G, T], for `train_step` to add to A_i as it adds process advantages (section 4.1.3). The segment
+    term credits the choice made at a branch against its siblings: the w_d children of a node, sharing
+    everything before it, differ only in their own segments. Summed over the leaves below a node it is
+    |n_d| (V(n_d) - V(n_{d-1})) / s, zero over any node's children together. A tree of widths [G, 1, ...]
+    (no branch inside a completion) has V(n_d) = V(n_{d-1}) = r_i for d >= 1: the term is 0, flat GRPO.
+    NaN rewards (unscored) are left out of node means; a group with std < eps, or a node with no scored
+    leaf, gets 0.
+    """
+    G = math.prod(widths)
+    if rewards.dim() != 1 or rewards.numel() % G:
+        raise ValueError(f"rewards must be 1-D with a multiple of the tree's {G} leaves, "
+                         f"got shape {tuple(rewards.shape)}")
+    r = rewards.float().view(-1, G)                                       # [B, G]
+    valid = ~torch.isnan(r)
+    _, std = _masked_group_stats(r, valid)                                # [B]
+    if scale_rewards == "batch":
+        _, batch_std = _masked_group_stats(r.reshape(1, -1), valid.reshape(1, -1))
+        scale = batch_std.expand_as(std)
+    else:
+        scale = std if scale_rewards == "group" else torch.ones_like(std)
+
+    def node_values(block: int) -> torch.Tensor:                          # [B, G]: each leaf's node value
+        v = torch.where(valid, r, torch.zeros_like(r)).view(-1, G // block, block).sum(-1)
+        n = valid.view(-1, G // block, block).sum(-1)
+        mean = torch.where(n > 0, v / n.clamp(min=1), torch.full_like(v, float("nan")))
+        return mean.repeat_interleave(block, -1)
+
+    adv = torch.zeros(r.shape[0], G, completion_length)                   # [B, G, T]
+    cuts = [0, *(min(int(b), completion_length) for b in branch_at), completion_length]
+    for d in range(1, len(widths)):
+        here, parent = G // math.prod(widths[:d + 1]), G // math.prod(widths[:d])
+        delta = torch.nan_to_num((node_values(here) - node_values(parent)) / (scale[:, None] + eps))
+        adv[:, :, cuts[d]:cuts[d + 1]] = delta[:, :, None]
+    adv[std < eps] = 0.0                                                  # no signal in the group
+    return adv.view(-1, completion_length)

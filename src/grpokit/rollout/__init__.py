@@ -8,6 +8,7 @@
     decode_linear the decode loop's matmuls (weights packed once per call for oneDNN)
     cached_engine the decode loop's engine for other architectures (a transformers DynamicCache)
     sampling      the token draw: temperature, top-k, top-p, exactly `generate`'s distribution
+    tree          tree rollouts: a group's leaves share prefixes, decoded once, the KV cache forked
     vllm_backend  the same Rollout from a vLLM engine (rollout.backend=vllm)
     vllm_engine   the engine contract, and the real vLLM engine behind it
     async_worker  rollout.async's worker process: samples batches with the weights it was sent

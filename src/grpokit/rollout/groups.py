@@ -21,6 +21,7 @@ from grpokit.model.loading import eval_mode
 from grpokit.rewards.scoring import RewardBatch
 from grpokit.rollout import sampler
 from grpokit.rollout.trajectory import Trajectory
+from grpokit.rollout.tree import TreeSpec
 from grpokit.rollout.turns import TurnDriver, turn_masks
 
 log = logging.getLogger("grpokit")
@@ -252,6 +253,7 @@ def sample_groups(
     chat_template_kwargs: dict | None = None,
     tools: Sequence[list[dict] | None] | None = None,
     driver: TurnDriver | None = None,
+    tree: TreeSpec | None = None,
 ) -> Rollout:
     """Sample G completions for each prompt with the current policy.
 
@@ -273,6 +275,8 @@ def sample_groups(
         chat_template_kwargs: extra keywords for the chat template (task.chat_template_kwargs).
         tools: per prompt, the tool schemas rendered into a chat prompt (None: none).
         driver: the N rows' tool loop (`grpokit.agents.driver.ToolDriver`); None: one turn, as always.
+        tree: tree rollouts (`grpokit.rollout.tree.TreeSpec`, G = its leaves): each group's completions
+            share prefixes, decoded once (grpokit's sampler only).
 
     Returns:
         A Rollout with N = B * G rows (multi-turn: with model_mask and trajectories).
@@ -283,6 +287,8 @@ def sample_groups(
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     eos_ids = eos_token_ids(model, tokenizer)
     use_fast = sampler.choose_backend(model, backend)
+    if tree is not None:
+        tree.check(backend, use_fast, driver is not None, group_size)
     if driver is not None:
         _begin_turns(model, backend, use_fast, driver, prompt_ids, prompt_mask, group_size)
     B = prompt_ids.shape[0]
@@ -290,7 +296,7 @@ def sample_groups(
     kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, eos_ids=eos_ids,
               pad_id=tokenizer.pad_token_id, suppress_eos=suppress_eos, greedy=greedy)
     pieces, logps = _decode_chunks(model, prompt_ids, prompt_mask, group_size, max_new_tokens, chunk,
-                                   use_fast, kw, driver)
+                                   use_fast, kw, driver, tree)
     T = max(p.shape[1] for p in pieces)
     completion_ids = _pad_cat(pieces, T, tokenizer.pad_token_id)                  # [N, T]
     if driver is not None:
@@ -311,14 +317,15 @@ def sample_groups(
 
 def _decode_chunks(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                    max_new_tokens: int, chunk: int, use_fast: bool, kw: dict[str, Any],
-                   driver: TurnDriver | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                   driver: TurnDriver | None, tree: TreeSpec | None = None
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Completion ids (and, fast sampler, log-probs) per chunk of `chunk` prompts: [chunk * G, <=T] each."""
     pieces, logps = [], []
     for s in range(0, prompt_ids.shape[0], chunk):
         p_ids, p_mask = prompt_ids[s:s + chunk], prompt_mask[s:s + chunk]
         if use_fast:
             ids, lp = sampler.fast_sample(model, p_ids, p_mask, group_size, max_new_tokens, **kw,
-                                          driver=driver, row0=s * group_size)
+                                          driver=driver, row0=s * group_size, tree=tree)
             logps.append(lp)
         else:
             rep_ids, rep_mask = (p_ids.repeat_interleave(group_size, 0),

@@ -42,6 +42,7 @@ from grpokit.model.precision import autocast_for, compute_dtype
 from grpokit.rollout.cached_engine import CachedEngine
 from grpokit.rollout.decode_linear import DecodeLinear, fused
 from grpokit.rollout.sampling import pick_tokens
+from grpokit.rollout.tree import TreeSpec, tree_decode
 from grpokit.rollout.turns import TurnDriver, decode_turns
 
 log = logging.getLogger("grpokit")
@@ -267,7 +268,8 @@ class LeanDecoder:
 def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                 max_new_tokens: int, *, temperature: float, top_p: float, top_k: int, eos_ids: list[int],
                 pad_id: int, suppress_eos: bool = False, greedy: bool = False,
-                driver: TurnDriver | None = None, row0: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                driver: TurnDriver | None = None, row0: int = 0,
+                tree: TreeSpec | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample G completions per prompt with a shared-prefix KV cache.
 
     Args:
@@ -277,6 +279,8 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
         driver: multi-turn rollouts (tools): rows stop at tool calls and are fed the results
             (`grpokit.rollout.turns.decode_turns`); None: one turn, the plain loop. row0: the first row's
             index in the driver's batch.
+        tree: tree rollouts (`grpokit.rollout.tree`): the G rows of a prompt are the leaves of a tree whose
+            paths share prefixes, each decoded once and its KV cache forked at the branch points.
 
     Inside a `grpokit.switch.accelerated` scope that records this model's batch, the lean engine records
     every projection output (`speedups.Speedups.start_record`) and hands it to the scope at the end.
@@ -295,7 +299,12 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
         else:
             engine = CachedEngine(model, prompt_ids, prompt_mask, group_size)
         N = prompt_ids.shape[0] * group_size
-        if driver is None:
+        if tree is not None:
+            if lean:
+                engine.dec.record = None      # forked rows are not the record's rows: no activation reuse
+            tokens, logps = tree_decode(engine, N, tree, max_new_tokens, temperature, top_p, top_k, eos_ids,
+                                        pad_id, prompt_ids.device)
+        elif driver is None:
             tokens, logps = _decode(engine, N, max_new_tokens, temperature, top_p, top_k, eos_ids, pad_id,
                                     suppress_eos, greedy, prompt_ids.device)
         else:

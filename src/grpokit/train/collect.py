@@ -15,6 +15,7 @@ import torch
 from grpokit.observe.metrics import PhaseTimer
 from grpokit.rewards.scoring import REWARDS, reward_kwargs, score_responses, token_char_ends
 from grpokit.rollout.groups import merge_kept_groups, sample_groups
+from grpokit.rollout.tree import TreeSpec
 from grpokit.rollout.vllm_backend import vllm_agent_sampler, vllm_sample
 from grpokit.train.state import TrainState
 
@@ -42,7 +43,7 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
                                     top_k=r.top_k, max_prompt_length=r.max_prompt_length,
                                     truncate_prompt=r.truncate_prompt, backend=r.backend,
                                     generation_batch_size=r.generation_batch_size,
-                                    chat_template_kwargs=cfg.task.chat_template_kwargs)
+                                    chat_template_kwargs=cfg.task.chat_template_kwargs, tree=TreeSpec.of(r))
     return score_batch(state, examples, rollout, env_extra, timer)
 
 

@@ -29,12 +29,18 @@ import torch
 
 from grpokit import switch
 from grpokit.config.schema import GRPOConfig
-from grpokit.core.advantages import decoupled_advantages, group_advantages, process_advantages
+from grpokit.core.advantages import (
+    decoupled_advantages,
+    group_advantages,
+    process_advantages,
+    tree_advantages,
+)
 from grpokit.core.loss import k3_kl
 from grpokit.model.loading import sync_reference
 from grpokit.observe.agent_metrics import trajectory_stats
 from grpokit.observe.metrics import PhaseTimer, length_stats, nan_std, reward_stats, tensor_stats
 from grpokit.rollout.groups import Rollout
+from grpokit.rollout.tree import TreeSpec, decoded_tokens
 from grpokit.train.collect import collect_batch
 from grpokit.train.distributed import Distributed
 from grpokit.train.ppo import ppo_train_step
@@ -62,9 +68,14 @@ def compute_advantages(cfg: GRPOConfig, rollout: Rollout, rewards: torch.Tensor,
     else:
         full, mine = dist.gather_rows(rewards)                                     # [N_all], this rank's rows
         adv = group_advantages(full, G, scale_rewards=cfg.loss.scale_rewards)[mine]  # [N]
+    T = rollout.completion_ids.shape[1]
     if step_rewards is not None:
-        T = rollout.completion_ids.shape[1]
         adv = adv[:, None] + process_advantages(step_rewards, G, T)                # [N, T]
+    tree = TreeSpec.of(cfg.rollout)
+    if tree is not None:   # tree rollouts: each segment's node value against its parent's
+        seg = tree_advantages(full, tree.widths, tree.branch_at, T,
+                              scale_rewards=cfg.loss.scale_rewards)[mine]                  # [N, T]
+        adv = (adv if adv.dim() == 2 else adv[:, None]) + cfg.rollout.tree_segment_weight * seg  # [N, T]
     return adv.to(rollout.completion_ids.device)
 
 
@@ -137,7 +148,8 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
                    **upd, **state.dist.reduce_sums(info), "reward_errors": state.dist.sum(scores.num_errors),
                    "bad_steps": float(state.bad_steps), "skipped_updates": float(state.skipped_updates),
                    "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum()),
-                   **trajectory_stats(rollout, g)}   # tools / environments only: turns, calls, errors
+                   **trajectory_stats(rollout, g),   # tools / environments only: turns, calls, errors
+                   **tree_stats(cfg, rollout, state.dist)}   # tree rollouts only: tokens decoded
         if tracker is not None:
             tracker.observe(state.step, rollout, scores, adv_flat, correct)
     return metrics
@@ -165,3 +177,14 @@ def _log_bad_batch(state: TrainState, rollout: Rollout, what: str) -> None:
     prompts = [" ".join(str(p).split())[:80] for p in rollout.prompts[::rollout.group_size]]
     log.warning("step %d: non-finite %s, update skipped (%d in a row, run.max_bad_steps=%d); prompts: %s",
                 state.step + 1, what, state.bad_steps, state.cfg.run.max_bad_steps, json.dumps(prompts))
+
+
+def tree_stats(cfg: GRPOConfig, rollout: Rollout, dist: Distributed) -> dict[str, float]:
+    """Tree rollouts: tokens decoded (each node's once) and what flat sampling of the same leaves decodes."""
+    tree = TreeSpec.of(cfg.rollout)
+    if tree is None:
+        return {}
+    decoded = dist.sum(decoded_tokens(rollout.completion_mask, tree))
+    flat = dist.sum(int(rollout.completion_mask.sum()))
+    return {"tree/decoded_tokens": float(decoded), "tree/flat_tokens": float(flat),
+            "tree/decoded_share": decoded / max(flat, 1)}

@@ -1,0 +1,167 @@
+"""Tree GRPO against flat GRPO: held-out accuracy against generated tokens and training seconds, per seed.
+
+    python benchmarks/tree_vs_flat.py --seeds 0 1 2 --arms flat tree-2x4-at6 --steps 200 --eval-steps 25 \
+        --out benchmarks/results/tree_demo.jsonl                               # the built-in demo
+    python benchmarks/tree_vs_flat.py --config CONFIG ... --out benchmarks/results/tree_chain.jsonl
+
+An arm is `flat` (rollout.num_generations samples per prompt) or `tree-AxBxC-atX-Y`: rollout.tree.widths
+[A, B, C] and rollout.tree.branch_at [X, Y] (grpokit.rollout.tree). Each run is one `grpokit train`
+process on one thread; with --parallel 2 two runs go at once, each pinned to a core of its own, the arms'
+order alternating per seed (the machine drifts; each run's neighbour core is busy as in every other).
+Per run, the curve: at each evaluation (every --eval-steps, greedy on --eval-limit held-out problems),
+[step, generated tokens so far, training seconds so far, accuracy]. Generated tokens are what the
+sampler decoded (tree: `tree/decoded_tokens`, each shared prefix once; flat: `completion_tokens`);
+training seconds the sum of `time/step` (evaluations off the clock).
+
+The summary, per tree arm against flat (means over seeds): the final accuracy, the generated tokens and
+training seconds of the whole run, and flat's accuracy at the tree's tokens and at its seconds (flat's
+curves interpolated linearly between evaluations: accuracy at equal tokens and at equal wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import queue
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from bench_record import machine  # noqa: E402  (scripts/bench_record.py)
+
+ARM = re.compile(r"^tree-(\d+(?:x\d+)*)-at(\d+(?:-\d+)*)$")
+
+
+def arm_overrides(arm: str) -> list[str]:
+    """`flat` -> []; `tree-2x4-at6` -> rollout.tree.widths=[2,4] rollout.tree.branch_at=[6]."""
+    if arm == "flat":
+        return []
+    m = ARM.match(arm)
+    if m is None:
+        raise SystemExit(f"arm {arm!r}: use flat or tree-AxB-atX (widths A, B; branch at token X)")
+    widths, at = m.group(1).split("x"), m.group(2).split("-")
+    return [f"rollout.tree.widths=[{','.join(widths)}]", f"rollout.tree.branch_at=[{','.join(at)}]"]
+
+
+def run_one(config: str | None, arm: str, seed: int, steps: int, eval_steps: int, eval_limit: int,
+            extra: list[str], out: Path, core: int | None) -> dict:
+    """One pinned `grpokit train` run on one thread; its curve and totals."""
+    argv = [sys.executable, "-m", "grpokit", "train", *([config] if config else []), f"run.seed={seed}",
+            f"run.max_steps={steps}", f"run.eval_steps={eval_steps}", f"run.eval_limit={eval_limit}",
+            "run.save_steps=0", "run.max_minutes=0", "run.progress=false", f"run.output_dir={out}",
+            *arm_overrides(arm), *extra, "--overwrite"]
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    start = time.time()
+    proc = subprocess.run(pin + argv, capture_output=True, text=True, env=env)
+    wall = time.time() - start
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines() if line.strip()]
+    tokens, seconds, at = 0.0, 0.0, {0: (0.0, 0.0)}
+    for r in rows:
+        tokens += r.get("tree/decoded_tokens", r["completion_tokens"])
+        seconds += r["time/step"]
+        at[r["step"]] = (tokens, seconds)
+    curve = [[e["step"], *at[e["step"]], e["accuracy"]] for e in evals if "accuracy" in e]
+    return {"arm": arm, "seed": seed, "steps": steps, "core": core, "curve": curve, "tokens": tokens,
+            "train_s": seconds, "s_per_step": seconds / max(len(rows), 1), "final_accuracy": curve[-1][3],
+            "completion_tokens": sum(r["completion_tokens"] for r in rows), "wall_s": wall,
+            "run_command": " ".join(argv[2:])}
+
+
+def interpolate(curve: list[list[float]], axis: int, x: float) -> float | None:
+    """The curve's accuracy at `x` on axis 1 (tokens) or 2 (seconds), linear between evaluations."""
+    pts = [(c[axis], c[3]) for c in curve]
+    for (x0, a0), (x1, a1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            return a0 if x1 == x0 else a0 + (a1 - a0) * (x - x0) / (x1 - x0)
+    return None
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per arm: means over seeds; per tree arm: flat's accuracy at the tree's tokens and seconds."""
+    by = {a: [r for r in rows if r["arm"] == a] for a in dict.fromkeys(r["arm"] for r in rows)}
+    out: dict = {"summary": True}
+    for arm, runs in by.items():
+        out[arm] = {"final_accuracy": [r["final_accuracy"] for r in runs],
+                    "mean_final_accuracy": statistics.mean(r["final_accuracy"] for r in runs),
+                    "tokens": statistics.mean(r["tokens"] for r in runs),
+                    "train_s": statistics.mean(r["train_s"] for r in runs),
+                    "s_per_step": statistics.mean(r["s_per_step"] for r in runs),
+                    "seeds": [r["seed"] for r in runs]}
+    if "flat" not in by:
+        return out
+    flat = out["flat"]
+    for arm in by:
+        if arm == "flat":
+            continue
+        fig = out[arm]
+        fig["tokens_vs_flat"] = fig["tokens"] / flat["tokens"]
+        fig["train_s_vs_flat"] = fig["train_s"] / flat["train_s"]
+        for axis, key in ((1, "tokens"), (2, "train_s")):
+            accs = [interpolate(r["curve"], axis, fig[key]) for r in by["flat"]]
+            fig[f"flat_accuracy_at_equal_{key}"] = (statistics.mean(accs) if all(a is not None for a in accs)
+                                                    else None)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="a YAML config (default: the built-in demo)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--arms", nargs="+", default=["flat", "tree-2x4-at6"])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--eval-steps", type=int, default=25)
+    p.add_argument("--eval-limit", type=int, default=500)
+    p.add_argument("--parallel", type=int, default=2, choices=(1, 2), help="runs at once, one core each")
+    p.add_argument("--out", required=True, help="JSONL file the rows are appended to")
+    p.add_argument("overrides", nargs="*", help="key=value for every run")
+    args = p.parse_args()
+    for arm in args.arms:
+        arm_overrides(arm)                                   # a bad arm stops here, before any run
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    meta = {"bench": "tree_vs_flat", "config": args.config or "built-in demo", "overrides": args.overrides,
+            "commit": commit, "machine": machine(), "threads": 1, "parallel": args.parallel,
+            "date": datetime.date.today().isoformat(),
+            "command": "python benchmarks/tree_vs_flat.py " + " ".join(sys.argv[1:])}
+    # arms alternate their order per seed, so each arm's runs start on either core
+    jobs = [(arm, seed) for i, seed in enumerate(args.seeds)
+            for arm in (args.arms[::-1] if i % 2 else args.arms)]
+    free: queue.Queue[int] = queue.Queue()
+    for core in range(args.parallel):
+        free.put(core)
+    with tempfile.TemporaryDirectory(prefix="grpokit-tree-bench-") as tmp, \
+            ThreadPoolExecutor(args.parallel) as pool:
+        def go(job):
+            arm, seed = job
+            core = free.get()                                   # a core no other run holds
+            try:
+                row = {**meta, **run_one(args.config, arm, seed, args.steps, args.eval_steps,
+                                         args.eval_limit, args.overrides, Path(tmp) / f"{arm}-{seed}",
+                                         core if args.parallel == 2 else None)}
+            finally:
+                free.put(core)
+            print(json.dumps({k: row[k] for k in ("arm", "seed", "core", "tokens", "train_s", "curve")}),
+                  flush=True)
+            return row
+        rows = list(pool.map(go, jobs))
+    rows.append({**meta, **summary(rows)})
+    print(json.dumps(rows[-1], indent=1))
+    with open(args.out, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

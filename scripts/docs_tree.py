@@ -1,0 +1,69 @@
+"""docs/search.md's tree-against-flat tables, from benchmarks/results/tree_*.jsonl (rows written by
+benchmarks/tree_vs_flat.py); scripts/update_readme.py calls `render_tree`."""
+
+import json
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+TREE_START, TREE_END = "<!-- tree-results:start -->", "<!-- tree-results:end -->"
+
+
+def _runs(path: Path) -> tuple[list[dict], dict]:
+    """(the per-run rows, the summary) of the last benchmark recorded in `path`."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    last = max(i for i, r in enumerate(rows) if r.get("summary"))
+    first = max((i + 1 for i, r in enumerate(rows[:last]) if r.get("summary")), default=0)
+    return rows[first:last], rows[last]
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def arm_label(arm: str) -> str:
+    """`tree-2x4-at6` -> 'tree 2x4, branch at 6'."""
+    if arm == "flat":
+        return "flat"
+    widths, at = arm[len("tree-"):].split("-at")
+    return f"tree {widths}, branch at {at.replace('-', ', ')}"
+
+
+def tree_table(path: Path) -> str:
+    """Per arm: accuracy per seed and mean, tokens and seconds against flat; flat at equal tokens, seconds."""
+    runs, s = _runs(path)
+    lines = ["| arm | held-out accuracy per seed | mean | generated tokens (vs flat) | training s (vs flat) "
+             "| flat's accuracy at equal tokens | flat's accuracy at equal seconds |",
+             "|---|---|---|---|---|---|---|"]
+    for arm in dict.fromkeys(r["arm"] for r in runs):
+        f = s[arm]
+        seeds = " / ".join(_pct(a) for a in f["final_accuracy"])
+        tokens, secs = f"{f['tokens'] / 1e6:.2f} M", f"{f['train_s']:.0f}"
+        if arm != "flat":
+            tokens += f" ({f['tokens_vs_flat']:.2f}x)"
+            secs += f" ({f['train_s_vs_flat']:.2f}x)"
+        eq_t = _pct(f.get("flat_accuracy_at_equal_tokens")) if arm != "flat" else ""
+        eq_s = _pct(f.get("flat_accuracy_at_equal_train_s")) if arm != "flat" else ""
+        lines.append(f"| {arm_label(arm)} | {seeds} | {_pct(f['mean_final_accuracy'])} | {tokens} | {secs} "
+                     f"| {eq_t} | {eq_s} |")
+    r0 = runs[0]
+    lines += ["", f"{len({r['seed'] for r in runs})} seeds, {r0['steps']} steps each; raw rows: "
+              f"`benchmarks/results/{path.name}`; machine: {r0['machine']}, one thread a run, "
+              f"{r0['parallel']} runs at once; commit {r0['commit']}, {r0['date']}; command: "
+              f"`{s['command']}`."]
+    return "\n".join(lines)
+
+
+def tree_results() -> str:
+    """The measured block of docs/search.md: every tree_*.jsonl file, one section each."""
+    out = []
+    for path in sorted(RESULTS.glob("tree_*.jsonl")):
+        runs, _ = _runs(path)
+        title = f"#### {runs[0]['config']} {' '.join(runs[0]['overrides'])}".rstrip()
+        out.append(f"{title}\n\n{tree_table(path)}")
+    return "\n\n".join(out) or "(no runs recorded yet)"
+
+
+def render_tree(text: str) -> str:
+    return re.sub(re.escape(TREE_START) + ".*?" + re.escape(TREE_END),
+                  lambda _: f"{TREE_START}\n{tree_results()}\n{TREE_END}", text, flags=re.S)
