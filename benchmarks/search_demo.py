@@ -2,6 +2,7 @@
 
     python benchmarks/search_demo.py run --limit 200 --rm runs/search/rm --prm runs/search/prm
     python benchmarks/search_demo.py run ... --only mcts   # only the rows whose label holds 'mcts'
+    python benchmarks/search_demo.py run --model runs/tree/flat-0/final --limit 200   # a GRPO-trained policy
     python benchmarks/search_demo.py table          # the markdown table, read from the raw file only
     python benchmarks/search_demo.py plot           # docs/search_demo.png: accuracy against tokens/problem
 
@@ -26,6 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from docs_tree import policy_of, search_table  # noqa: E402  (scripts/docs_tree.py: the docs' table)
+
 RAW = ROOT / "benchmarks" / "results" / "search_demo.jsonl"
 SEP = ". "       # the demo's equation end: '37+58=95. \\boxed{95}' has two steps
 
@@ -81,15 +85,18 @@ def run(args) -> None:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "report.json"
+            policy = [f"model.name_or_path={args.model}"] if args.model else []
             cmd = ["taskset", "-c", str(args.core), sys.executable, "-m", "grpokit", "eval", "--limit",
-                   str(args.limit), "run.progress=false", "--seed", str(args.seed), "--out", str(out), *extra]
+                   str(args.limit), "run.progress=false", "--seed", str(args.seed), "--out", str(out),
+                   *policy, *extra]
             start = time.perf_counter()
             subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
             wall = time.perf_counter() - start
             report = json.loads(out.read_text())
         shown = ["grpokit", *cmd[cmd.index("eval"):]]
         shown[shown.index("--out") + 1] = "report.json"
-        row = {"label": label, "command": f"OMP_NUM_THREADS=1 taskset -c {args.core} " + shlex.join(shown),
+        row = {"label": label, "policy": args.policy_name,
+               "command": f"OMP_NUM_THREADS=1 taskset -c {args.core} " + shlex.join(shown),
                "commit": commit(), "cpu": cpu_model(), "threads": 1,
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                **{k: report[k] for k in ("model", "search", "budget", "rm", "prm", "prm_agg",
@@ -103,14 +110,7 @@ def run(args) -> None:
 
 
 def table(args) -> None:
-    rows = [json.loads(line) for line in RAW.read_text().splitlines() if line.strip()]
-    print("| search | accuracy | generated tokens / problem | wall s (search) | problems |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['label']} | {r['accuracy']:.3f} | {r['tokens_per_problem']:.1f} | {r['seconds']:.1f} | "
-              f"{int(r['num_problems'])} |")
-    first = rows[0]
-    print(f"\ncommit {first['commit']}, {first['cpu']}, {first['threads']} thread, {first['date'][:10]}")
+    print(search_table())
 
 
 def plot(args) -> None:
@@ -121,18 +121,21 @@ def plot(args) -> None:
     import matplotlib.pyplot as plt
 
     rows = [json.loads(line) for line in RAW.read_text().splitlines() if line.strip()]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     markers = "osD^vP*Xhp<>"
+    policies = list(dict.fromkeys(policy_of(r) for r in rows))
     for i, r in enumerate(rows):
+        k = policies.index(policy_of(r))
         ax.scatter(r["tokens_per_problem"], r["accuracy"], s=40, marker=markers[i % len(markers)],
-                   label=f"{r['label']}: {r['accuracy']:.3f}, {r['tokens_per_problem']:.0f} tok")
+                   color=f"C{k}", label=f"{policy_of(r)}, {r['label']}: {r['accuracy']:.3f}, "
+                                        f"{r['tokens_per_problem']:.0f} tok")
     ax.set_xlim(0, 1.1 * max(r["tokens_per_problem"] for r in rows))
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_xlabel("generated tokens per problem")
     ax.set_ylabel("accuracy (one answer per problem)")
     first = rows[0]
-    ax.set_title(f"search at inference: {first['model']}, {int(first['num_problems'])} held-out problems",
-                 fontsize=10)
+    ax.set_title(f"search at inference: the demo's policies, {int(first['num_problems'])} held-out problems "
+                 "(colour: policy)", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out = ROOT / "docs" / "search_demo.png"
@@ -150,6 +153,9 @@ def main() -> None:
     r.add_argument("--prm", default=None, help="a process RM folder (grpokit rm train --kind process)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--core", type=int, default=0)
+    r.add_argument("--model", default=None, help="the policy (default: the config's, builtin:arith-demo)")
+    r.add_argument("--policy-name", default="starting model (builtin:arith-demo)",
+                   help="the policy's name in the table and the plot")
     r.add_argument("--only", nargs="*", default=None, help="run only the rows whose label holds one of these")
     sub.add_parser("table")
     sub.add_parser("plot")

@@ -6,8 +6,8 @@
 
 An arm is `flat` (rollout.num_generations samples per prompt) or `tree-AxBxC-atX-Y`: rollout.tree.widths
 [A, B, C] and rollout.tree.branch_at [X, Y] (grpokit.rollout.tree). Each run is one `grpokit train`
-process on one thread; with --parallel 2 two runs go at once, each pinned to a core of its own, the arms'
-order alternating per seed (the machine drifts; each run's neighbour core is busy as in every other).
+process on one thread pinned to one of --cores (one run per core at a time: with two cores two runs go at
+once); the arms' order alternates per seed (the machine drifts).
 Per run, the curve: at each evaluation (every --eval-steps, greedy on --eval-limit held-out problems),
 [step, generated tokens so far, training seconds so far, accuracy]. Generated tokens are what the
 sampler decoded (tree: `tree/decoded_tokens`, each shared prefix once; flat: `completion_tokens`);
@@ -52,13 +52,13 @@ def arm_overrides(arm: str) -> list[str]:
 
 
 def run_one(config: str | None, arm: str, seed: int, steps: int, eval_steps: int, eval_limit: int,
-            extra: list[str], out: Path, core: int | None) -> dict:
+            extra: list[str], out: Path, core: int) -> dict:
     """One pinned `grpokit train` run on one thread; its curve and totals."""
     argv = [sys.executable, "-m", "grpokit", "train", *([config] if config else []), f"run.seed={seed}",
             f"run.max_steps={steps}", f"run.eval_steps={eval_steps}", f"run.eval_limit={eval_limit}",
             "run.save_steps=0", "run.max_minutes=0", "run.progress=false", f"run.output_dir={out}",
             *arm_overrides(arm), *extra, "--overwrite"]
-    pin = ["taskset", "-c", str(core)] if core is not None else []
+    pin = ["taskset", "-c", str(core)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     start = time.time()
     proc = subprocess.run(pin + argv, capture_output=True, text=True, env=env)
@@ -123,7 +123,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--eval-steps", type=int, default=25)
     p.add_argument("--eval-limit", type=int, default=500)
-    p.add_argument("--parallel", type=int, default=2, choices=(1, 2), help="runs at once, one core each")
+    p.add_argument("--cores", type=int, nargs="+", default=[0, 1],
+                   help="the cores runs are pinned to, one run per core at a time")
+    p.add_argument("--keep", help="a folder to keep each run's output in (ARM-SEED/: its final model, ...)")
     p.add_argument("--out", required=True, help="JSONL file the rows are appended to")
     p.add_argument("overrides", nargs="*", help="key=value for every run")
     args = p.parse_args()
@@ -132,24 +134,25 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     meta = {"bench": "tree_vs_flat", "config": args.config or "built-in demo", "overrides": args.overrides,
-            "commit": commit, "machine": machine(), "threads": 1, "parallel": args.parallel,
+            "commit": commit, "machine": machine(), "threads": 1, "parallel": len(args.cores),
             "date": datetime.date.today().isoformat(),
             "command": "python benchmarks/tree_vs_flat.py " + " ".join(sys.argv[1:])}
     # arms alternate their order per seed, so each arm's runs start on either core
     jobs = [(arm, seed) for i, seed in enumerate(args.seeds)
             for arm in (args.arms[::-1] if i % 2 else args.arms)]
     free: queue.Queue[int] = queue.Queue()
-    for core in range(args.parallel):
+    for core in args.cores:
         free.put(core)
     with tempfile.TemporaryDirectory(prefix="grpokit-tree-bench-") as tmp, \
-            ThreadPoolExecutor(args.parallel) as pool:
+            ThreadPoolExecutor(len(args.cores)) as pool:
+        where = Path(args.keep) if args.keep else Path(tmp)
+
         def go(job):
             arm, seed = job
             core = free.get()                                   # a core no other run holds
             try:
                 row = {**meta, **run_one(args.config, arm, seed, args.steps, args.eval_steps,
-                                         args.eval_limit, args.overrides, Path(tmp) / f"{arm}-{seed}",
-                                         core if args.parallel == 2 else None)}
+                                         args.eval_limit, args.overrides, where / f"{arm}-{seed}", core)}
             finally:
                 free.put(core)
             print(json.dumps({k: row[k] for k in ("arm", "seed", "core", "tokens", "train_s", "curve")}),

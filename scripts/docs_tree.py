@@ -7,6 +7,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 TREE_START, TREE_END = "<!-- tree-results:start -->", "<!-- tree-results:end -->"
+SEARCH_START, SEARCH_END = "<!-- search-results:start -->", "<!-- search-results:end -->"
 
 
 def _runs(path: Path) -> tuple[list[dict], dict]:
@@ -64,6 +65,28 @@ def tree_results() -> str:
     return "\n\n".join(out) or "(no runs recorded yet)"
 
 
+def policy_of(row: dict) -> str:
+    """The policy a search row ran (rows before the field existed: the starting model)."""
+    return row.get("policy", "starting model (builtin:arith-demo)")
+
+
+def search_table() -> str:
+    """docs/search.md's search-at-inference table: every row of benchmarks/results/search_demo.jsonl."""
+    rows = [json.loads(line) for line in (RESULTS / "search_demo.jsonl").read_text().splitlines()
+            if line.strip()]
+    lines = ["| policy | search | accuracy | generated tokens / problem | wall s (search) | problems "
+             "| commit, date |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {policy_of(r)} | {r['label']} | {r['accuracy']:.3f} | {r['tokens_per_problem']:.1f} "
+                     f"| {r['seconds']:.1f} | {int(r['num_problems'])} | {r['commit']}, {r['date'][:10]} |")
+    first = rows[0]
+    lines += ["", f"{first['cpu']}, {first['threads']} thread a row"]
+    return "\n".join(lines)
+
+
 def render_tree(text: str) -> str:
+    """docs/search.md with its two generated blocks: the search table and the tree-against-flat tables."""
+    text = re.sub(re.escape(SEARCH_START) + ".*?" + re.escape(SEARCH_END),
+                  lambda _: f"{SEARCH_START}\n{search_table()}\n{SEARCH_END}", text, flags=re.S)
     return re.sub(re.escape(TREE_START) + ".*?" + re.escape(TREE_END),
                   lambda _: f"{TREE_START}\n{tree_results()}\n{TREE_END}", text, flags=re.S)

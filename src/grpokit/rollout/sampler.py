@@ -303,7 +303,8 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
             if lean:
                 engine.dec.record = None      # forked rows are not the record's rows: no activation reuse
             tokens, logps = tree_decode(engine, N, tree, max_new_tokens, temperature, top_p, top_k, eos_ids,
-                                        pad_id, prompt_ids.device)
+                                        pad_id, prompt_ids.device,
+                                        CUDA_CHECK_EVERY if prompt_ids.device.type == "cuda" else 1)
         elif driver is None:
             tokens, logps = _decode(engine, N, max_new_tokens, temperature, top_p, top_k, eos_ids, pad_id,
                                     suppress_eos, greedy, prompt_ids.device)

@@ -82,10 +82,12 @@ def decoded_tokens(completion_mask: torch.Tensor, spec: TreeSpec) -> int:
 
 
 def tree_decode(engine, N: int, spec: TreeSpec, max_new_tokens: int, temperature: float, top_p: float,
-                top_k: int, eos_ids: list[int], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+                top_k: int, eos_ids: list[int], pad_id: int, device,
+                check_every: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampler's decode loop (`sampler._decode`) over a tree: rows fork at the branch points.
 
-    engine: a sampler engine holding N = B * G rows (each prompt prefilled once). Returns
+    engine: a sampler engine holding N = B * G rows (each prompt prefilled once). check_every: look for
+    finished rows every this many steps (a host sync on CUDA; forks always look). Returns
     (tokens [N, T'], sampling log-probs [N, T']), the leaves in tree order; past a row's EOS: padding."""
     G = spec.leaves
     tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -117,6 +119,9 @@ def tree_decode(engine, N: int, spec: TreeSpec, max_new_tokens: int, temperature
         if t + 1 == max_new_tokens:
             break
         finished |= torch.isin(tok, eos)
+        if (t + 1) % check_every and (t + 1) not in forks:
+            logits = engine.step(tok, t)
+            continue
         n_done = int(finished.sum())
         if n_done == finished.numel():
             break
