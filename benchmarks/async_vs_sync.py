@@ -126,6 +126,22 @@ def summary(rows: list[dict], target: float | None) -> dict:
     return out
 
 
+def reused(out: Path, modes: list[str]) -> list[dict]:
+    """The runs of `modes` in the last benchmark recorded in `out`, as measured (their own commit and date),
+    each marked with where it came from."""
+    if not modes:
+        return []
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    last = max(i for i, r in enumerate(rows) if r.get("summary"))
+    first = max((i + 1 for i, r in enumerate(rows[:last]) if r.get("summary")), default=0)
+    runs = [{**r, "reused_from": f"{out.name}, the benchmark of {r['date']} at {r['commit']}"}
+            for r in rows[first:last] if r["mode"] in modes]
+    if {r["mode"] for r in runs} != set(modes):
+        raise SystemExit(f"--reuse {' '.join(modes)}: the last benchmark in {out} has "
+                         f"{sorted({r['mode'] for r in rows[first:last]})}")
+    return runs
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", help="a YAML config (default: the built-in demo)")
@@ -138,6 +154,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for every run (0: as the mode "
                    "says); with a vLLM server the worker is the server, so the trainer's threads are these")
     p.add_argument("--out", required=True, help="JSONL file the rows are appended to")
+    p.add_argument("--reuse", nargs="+", default=[], metavar="MODE",
+                   help="take these modes' runs from the last benchmark recorded in --out instead of running "
+                        "them again (copied as measured, marked reused_from); the summary covers both")
     p.add_argument("overrides", nargs="*", help="key=value for every run")
     args = p.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -145,11 +164,13 @@ def main() -> int:
     meta = {"bench": "async_vs_sync", "config": args.config or "built-in demo", "overrides": args.overrides,
             "commit": commit, "machine": machine(), "date": datetime.date.today().isoformat(),
             "command": "python benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:])}
-    rows = []
+    rows = reused(Path(args.out), args.reuse)
     with tempfile.TemporaryDirectory(prefix="grpokit-async-bench-") as tmp:
         for i, seed in enumerate(args.seeds):
             order = args.modes if i % 2 == 0 else list(reversed(args.modes))   # alternate sides
             for mode in order:
+                if mode in args.reuse:
+                    continue
                 row = {**meta, **run_one(args.config, mode, seed, args.steps, args.eval_steps,
                                          args.eval_limit, args.overrides, Path(tmp) / f"{mode}-{seed}",
                                          args.threads)}
