@@ -84,6 +84,45 @@ def search_table() -> str:
     return "\n".join(lines)
 
 
+def search_row() -> str:
+    """The README's search row: the starting model's greedy, best and best MCTS rows; the trained policy's
+    greedy and best, where the raw file has them."""
+    rows = [json.loads(line) for line in (RESULTS / "search_demo.jsonl").read_text().splitlines()
+            if line.strip()]
+    start = [r for r in rows if policy_of(r) == policy_of({})]
+    trained = [r for r in rows if policy_of(r) != policy_of({})]
+
+    def at(r: dict) -> str:
+        return f"{r['label']} {_pct(r['accuracy'])} at {r['tokens_per_problem']:.0f}"
+
+    g, best = start[0], max(start, key=lambda r: r["accuracy"])
+    mcts = max((r for r in start if r["search"] == "mcts"), key=lambda r: r["accuracy"])
+    text = (f"starting model: greedy {_pct(g['accuracy'])} at {g['tokens_per_problem']:.0f} tokens/problem; "
+            f"{at(best)}; {at(mcts)}")
+    for name in dict.fromkeys(policy_of(r) for r in trained):
+        mine = [r for r in trained if policy_of(r) == name]
+        text += f"; {name}: {'; '.join(at(r) for r in (mine[0], max(mine, key=lambda r: r['accuracy'])))}"
+    return (f"| search at inference (`grpokit eval --search`, demo, {int(g['num_problems'])} held-out "
+            f"problems) | {text} | [search](docs/search.md), `benchmarks/results/search_demo.jsonl` |")
+
+
+def tree_rows() -> list[str]:
+    """The README's tree rows: each tree_*.jsonl's tree arms against flat."""
+    out = []
+    for path in sorted(RESULTS.glob("tree_*.jsonl")):
+        runs, s = _runs(path)
+        for arm in (a for a in dict.fromkeys(r["arm"] for r in runs) if a != "flat"):
+            f = s[arm]
+            out.append(f"| tree rollouts for training ({runs[0]['config']}, {arm_label(arm)}; "
+                       f"{len(f['seeds'])} seeds, {runs[0]['steps']} steps) | held-out "
+                       f"{_pct(f['mean_final_accuracy'])} vs flat {_pct(s['flat']['mean_final_accuracy'])} "
+                       "with "
+                       f"{f['tokens_vs_flat']:.2f}x the generated tokens and {f['train_s_vs_flat']:.2f}x the "
+                       f"training seconds; flat at equal tokens {_pct(f['flat_accuracy_at_equal_tokens'])} | "
+                       f"[search](docs/search.md), `benchmarks/results/{path.name}` |")
+    return out
+
+
 def render_tree(text: str) -> str:
     """docs/search.md with its two generated blocks: the search table and the tree-against-flat tables."""
     text = re.sub(re.escape(SEARCH_START) + ".*?" + re.escape(SEARCH_END),

@@ -30,7 +30,7 @@ from grpokit.observe.demo import format_before_after
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # scripts/docs_async.py; ASYNC_START: for the tests
 from docs_async import ASYNC_START, async_row, async_server_row, render_async  # noqa: E402, F401
-from docs_tree import TREE_START, render_tree  # noqa: E402, F401  (scripts/docs_tree.py)
+from docs_tree import TREE_START, render_tree, search_row, tree_rows  # noqa: E402, F401  (scripts/docs_tree.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -103,15 +103,6 @@ def _json(name: str):
     return json.loads((RESULTS / name).read_text())
 
 
-def search_row() -> str:
-    rows = {r["label"]: r for r in _rows("search_demo.jsonl")}
-    g, best = rows["greedy"], max(rows.values(), key=lambda r: r["accuracy"])
-    mcts = max((r for r in rows.values() if r["search"] == "mcts"), key=lambda r: r["accuracy"])
-    return (f"| search at inference (`grpokit eval --search`, demo model, {int(g['num_problems'])} held-out "
-            f"problems) | greedy {_pct(g['accuracy'])} at {g['tokens_per_problem']:.0f} tokens/problem; "
-            f"{best['label']} {_pct(best['accuracy'])} at {best['tokens_per_problem']:.0f}; {mcts['label']} "
-            f"{_pct(mcts['accuracy'])} at {mcts['tokens_per_problem']:.0f} | [search](docs/search.md), "
-            "`benchmarks/results/search_demo.jsonl` |")
 
 
 def rm_row() -> str:
@@ -235,7 +226,7 @@ STATIC_ROWS = [
 
 def headline() -> str:
     """The README's headline table, its measured rows computed from the raw files."""
-    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), search_row(), async_row(),
+    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), search_row(), *tree_rows(), async_row(),
             async_server_row(), rm_row(),
             ppo_row(), *STATIC_ROWS]
     return "\n".join(["| what | result | page, raw rows |", "|---|---|---|", *rows])
