@@ -1,20 +1,23 @@
-"""Tree GRPO against flat GRPO: held-out accuracy against generated tokens and training seconds, per seed.
+"""Tree or MCTS GRPO against flat GRPO: held-out accuracy against generated tokens and training seconds.
 
     python benchmarks/tree_vs_flat.py --seeds 0 1 2 --arms flat tree-2x4-at6 --steps 200 --eval-steps 25 \
         --out benchmarks/results/tree_demo.jsonl                               # the built-in demo
     python benchmarks/tree_vs_flat.py --config CONFIG ... --out benchmarks/results/tree_chain.jsonl
 
-An arm is `flat` (rollout.num_generations samples per prompt) or `tree-AxBxC-atX-Y`: rollout.tree.widths
-[A, B, C] and rollout.tree.branch_at [X, Y] (grpokit.rollout.tree). Each run is one `grpokit train`
-process on one thread pinned to one of --cores (one run per core at a time: with two cores two runs go at
-once); the arms' order alternates per seed (the machine drifts).
-Per run, the curve: at each evaluation (every --eval-steps, greedy on --eval-limit held-out problems),
-[step, generated tokens so far, training seconds so far, accuracy]. Generated tokens are what the
-sampler decoded (tree: `tree/decoded_tokens`, each shared prefix once; flat: `completion_tokens`);
-training seconds the sum of `time/step` (evaluations off the clock).
+An arm is `flat` (rollout.num_generations samples per prompt), `tree-AxBxC-atX-Y`: rollout.tree.widths
+[A, B, C] and rollout.tree.branch_at [X, Y] (grpokit.rollout.tree), or `mcts[-wW][-bN][-steps]`: MCTS
+rollouts (grpokit.train.mcts_rollouts) over steps ending at ". " (the demo's), progressive widening W
+(default 2), a budget of N tokens per group (default none), valued by the step verifier instead of the
+run's reward (`--arms flat mcts --out benchmarks/results/mcts_demo.jsonl`). Each run is one `grpokit
+train` process on one thread pinned to one of --cores (one run per core at a time: with two cores two
+runs go at once); the arms' order alternates per seed (the machine drifts). Per run, the curve: at each
+evaluation (every --eval-steps, greedy on --eval-limit held-out problems), [step, generated tokens so
+far, training seconds so far, accuracy]. Generated tokens are what the sampler decoded (tree:
+`tree/decoded_tokens`, each shared prefix once; mcts: `mcts/decoded_tokens`, every expansion and
+rollout; flat: `completion_tokens`); training seconds the sum of `time/step` (evaluations off the clock).
 
-The summary, per tree arm against flat (means over seeds): the final accuracy, the generated tokens and
-training seconds of the whole run, and flat's accuracy at the tree's tokens and at its seconds (flat's
+The summary, per arm against flat (means over seeds): the final accuracy, the generated tokens and
+training seconds of the whole run, and flat's accuracy at the arm's tokens and at its seconds (flat's
 curves interpolated linearly between evaluations: accuracy at equal tokens and at equal wall time).
 """
 
@@ -38,15 +41,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from bench_record import machine  # noqa: E402  (scripts/bench_record.py)
 
 ARM = re.compile(r"^tree-(\d+(?:x\d+)*)-at(\d+(?:-\d+)*)$")
+MCTS_ARM = re.compile(r"^mcts(?:-w(\d+))?(?:-b(\d+))?(-steps)?$")
 
 
 def arm_overrides(arm: str) -> list[str]:
-    """`flat` -> []; `tree-2x4-at6` -> rollout.tree.widths=[2,4] rollout.tree.branch_at=[6]."""
+    """`flat` -> []; `tree-2x4-at6` -> rollout.tree.widths=[2,4] rollout.tree.branch_at=[6]; `mcts-w3-b150`
+    -> rollout.mcts.enabled=true, separator ". ", width 3, max_tokens 150."""
     if arm == "flat":
         return []
+    if (mc := MCTS_ARM.match(arm)) is not None:
+        width, budget, steps = mc.groups()
+        return ["rollout.mcts.enabled=true", 'rollout.mcts.separator=". "',
+                *([f"rollout.mcts.width={width}"] if width else []),
+                *([f"rollout.mcts.max_tokens={budget}"] if budget else []),
+                *(["rollout.mcts.value=steps"] if steps else [])]
     m = ARM.match(arm)
     if m is None:
-        raise SystemExit(f"arm {arm!r}: use flat or tree-AxB-atX (widths A, B; branch at token X)")
+        raise SystemExit(f"arm {arm!r}: use flat, tree-AxB-atX (widths A, B; branch at token X) or "
+                         f"mcts[-wW][-bN][-steps]")
     widths, at = m.group(1).split("x"), m.group(2).split("-")
     return [f"rollout.tree.widths=[{','.join(widths)}]", f"rollout.tree.branch_at=[{','.join(at)}]"]
 
@@ -69,7 +81,7 @@ def run_one(config: str | None, arm: str, seed: int, steps: int, eval_steps: int
     evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines() if line.strip()]
     tokens, seconds, at = 0.0, 0.0, {0: (0.0, 0.0)}
     for r in rows:
-        tokens += r.get("tree/decoded_tokens", r["completion_tokens"])
+        tokens += r.get("mcts/decoded_tokens", r.get("tree/decoded_tokens", r["completion_tokens"]))
         seconds += r["time/step"]
         at[r["step"]] = (tokens, seconds)
     curve = [[e["step"], *at[e["step"]], e["accuracy"]] for e in evals if "accuracy" in e]

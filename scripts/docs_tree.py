@@ -1,5 +1,5 @@
-"""docs/search.md's tree-against-flat tables, from benchmarks/results/tree_*.jsonl (rows written by
-benchmarks/tree_vs_flat.py); scripts/update_readme.py calls `render_tree`."""
+"""docs/search.md's tree-against-flat and MCTS-against-flat tables, from benchmarks/results/tree_*.jsonl and
+mcts_*.jsonl (rows written by benchmarks/tree_vs_flat.py); scripts/update_readme.py calls `render_tree`."""
 
 import json
 import re
@@ -8,6 +8,8 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 TREE_START, TREE_END = "<!-- tree-results:start -->", "<!-- tree-results:end -->"
 SEARCH_START, SEARCH_END = "<!-- search-results:start -->", "<!-- search-results:end -->"
+MCTS_START, MCTS_END = "<!-- mcts-results:start -->", "<!-- mcts-results:end -->"
+MCTS_PARTS = {"w": "width {}", "b": "budget {} tokens", "s": "step-verifier value"}
 
 
 def _runs(path: Path) -> tuple[list[dict], dict]:
@@ -23,9 +25,11 @@ def _pct(x: float | None) -> str:
 
 
 def arm_label(arm: str) -> str:
-    """`tree-2x4-at6` -> 'tree 2x4, branch at 6'."""
+    """`tree-2x4-at6` -> 'tree 2x4, branch at 6'; `mcts-w3-b150` -> 'mcts, width 3, budget 150 tokens'."""
     if arm == "flat":
         return "flat"
+    if arm.startswith("mcts"):
+        return ", ".join(["mcts", *(MCTS_PARTS[p[0]].format(p[1:]) for p in arm.split("-")[1:])])
     widths, at = arm[len("tree-"):].split("-at")
     return f"tree {widths}, branch at {at.replace('-', ', ')}"
 
@@ -55,10 +59,10 @@ def tree_table(path: Path) -> str:
     return "\n".join(lines)
 
 
-def tree_results() -> str:
-    """The measured block of docs/search.md: every tree_*.jsonl file, one section each."""
+def tree_results(pattern: str = "tree_*.jsonl") -> str:
+    """A measured block of docs/search.md: every file matching `pattern`, one section each."""
     out = []
-    for path in sorted(RESULTS.glob("tree_*.jsonl")):
+    for path in sorted(RESULTS.glob(pattern)):
         runs, _ = _runs(path)
         title = f"#### {runs[0]['config']} {' '.join(runs[0]['overrides'])}".rstrip()
         out.append(f"{title}\n\n{tree_table(path)}")
@@ -124,8 +128,12 @@ def tree_rows() -> list[str]:
 
 
 def render_tree(text: str) -> str:
-    """docs/search.md with its two generated blocks: the search table and the tree-against-flat tables."""
+    """docs/search.md with its generated blocks redrawn: the search table (search_demo.jsonl), the tree
+    tables (tree_*.jsonl) and the MCTS tables (mcts_*.jsonl)."""
     text = re.sub(re.escape(SEARCH_START) + ".*?" + re.escape(SEARCH_END),
                   lambda _: f"{SEARCH_START}\n{search_table()}\n{SEARCH_END}", text, flags=re.S)
-    return re.sub(re.escape(TREE_START) + ".*?" + re.escape(TREE_END),
-                  lambda _: f"{TREE_START}\n{tree_results()}\n{TREE_END}", text, flags=re.S)
+    for start, end, pattern in ((TREE_START, TREE_END, "tree_*.jsonl"),
+                                (MCTS_START, MCTS_END, "mcts_*.jsonl")):
+        text = re.sub(re.escape(start) + ".*?" + re.escape(end),
+                      lambda _, s=start, e=end, p=pattern: f"{s}\n{tree_results(p)}\n{e}", text, flags=re.S)
+    return text

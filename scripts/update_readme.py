@@ -7,7 +7,8 @@
     docs/memory.md          the peak-memory table and its ratios, from benchmarks/results/memory_table.jsonl
     docs/real_model.md      SmolLM2's GSM8K baseline, from benchmarks/results/gsm8k_smollm2_baseline.jsonl
     docs/async.md           async against sync, from benchmarks/results/async_*.jsonl (scripts/docs_async.py)
-    docs/search.md          tree against flat GRPO, from benchmarks/results/tree_*.jsonl (docs_tree.py)
+    docs/search.md          tree and MCTS against flat GRPO, from benchmarks/results/tree_*.jsonl and
+                            mcts_*.jsonl (docs_tree.py)
     README.md               the demo's output (seed 0's raw rows), the headline table and the agents
                             results, each figure computed from the raw rows under benchmarks/results/
                             that the table names

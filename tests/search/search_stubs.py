@@ -10,7 +10,8 @@ class StubDecoder:
     extend(): a partial solution with d finished steps gets, for continuation j, the step f"{j}{d}. "
     while d < depth, else the final step f"\\boxed{{{j}}}" + EOS; with separator None, the whole rest
     of the solution (those steps up to the box). j is the continuation's index in its call, or with
-    cycle=True a count over every continuation handed out (0, 1, 2, ...). Every call is recorded."""
+    cycle=True a count over every continuation handed out (0, 1, 2, ...). Every call is recorded. Each
+    token of the k-th continuation handed out (k = 0, 1, ...) has log-prob -(k + 1)."""
 
     def __init__(self, tokenizer, groups=None, depth: int = 2, max_new_tokens: int = 64,
                  cycle: bool = False) -> None:
@@ -46,7 +47,8 @@ class StubDecoder:
                     step += f"\\boxed{{{j}}}"
                 ended = last > self.depth
                 ids = self.tokenizer(step, add_special_tokens=False)["input_ids"] + ([eos] if ended else [])
-                group.append(Completion(step, len(ids), ended, ids))
+                lp = -float(len(self.decoded) + len(group) + 1)
+                group.append(Completion(step, len(ids), ended, ids, [lp] * len(ids)))
             self.decoded += group
             out.append(group)
         return out

@@ -90,7 +90,8 @@ def _all_keys() -> dict[str, str]:
 
 
 # dotted groups inside a section: `rollout.async.max_staleness` is the field rollout.async_max_staleness
-SUBSECTIONS = {"rollout.async": "rollout.async_", "rollout.tree": "rollout.tree_"}
+SUBSECTIONS = {"rollout.async": "rollout.async_", "rollout.tree": "rollout.tree_",
+               "rollout.mcts": "rollout.mcts_"}
 
 
 def _resolve_key(key: str) -> str:

@@ -181,6 +181,21 @@ class RolloutConfig:
     tree_branch_at: list = _f([], "tree: the D increasing token counts where every live path forks")
     tree_segment_weight: float = _f(1.0, "tree: weight of the segment term (V(node) - V(parent)) / s added "
                                     "to the outcome advantage (0: the outcome advantage alone)")
+    # MCTS rollouts (grpokit.train.mcts_rollouts), also spelled rollout.mcts.<name>
+    mcts_enabled: bool = _f(False, "mcts: each group's num_generations trajectories are those of as many "
+                            "simulations of a Monte Carlo tree search over reasoning steps (UCT)")
+    mcts_value: str = _f("reward", "mcts: a simulation's value: reward (the run's reward.funcs on the "
+                         "completed text) | steps (the arithmetic step verifier, min over steps) | a "
+                         "reward-model folder (outcome RM, or process RM: min over steps)")
+    mcts_separator: str | None = _f(None, "mcts: the text ending a reasoning step (the demo: '. '); None = "
+                                    "rm.step_separator")
+    mcts_width: int = _f(2, "mcts: progressive widening, a node of N visits may be expanded max(1, "
+                         "floor(width * sqrt(N))) times")
+    mcts_exploration: float = _f(1.4142135623730951, "mcts: UCT's c in W/N + c * sqrt(ln N_parent / N) "
+                                 "(sqrt 2: values in [0, 1])")
+    mcts_max_tokens: int | None = _f(None, "mcts: token budget per group (expansions and rollouts decoded); "
+                                     "the search stops when it is spent, its unrun simulations leave "
+                                     "empty rows (no reward, no loss); None = no budget")
 
 
 @dataclass

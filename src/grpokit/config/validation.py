@@ -10,6 +10,7 @@ import dataclasses
 import math
 import re
 import typing
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from grpokit.errors import ConfigError, suggest
@@ -164,6 +165,30 @@ def _check_tree(cfg: GRPOConfig) -> None:
                    (cfg.loss.multi_objective_aggregation == "normalize_then_sum", "the tree uses one reward")}
     for key, (on, why) in refused.items():
         _check(not on, f"rollout.tree.widths with {key}: not supported ({why}): drop one of them")
+
+
+def _check_mcts(cfg: GRPOConfig) -> None:
+    """rollout.mcts.* (grpokit.train.mcts_rollouts): the search's settings, and what it cannot run with."""
+    r = cfg.rollout
+    if not r.mcts_enabled:
+        return
+    _check(r.mcts_width >= 1, f"rollout.mcts.width must be >= 1 (progressive widening), got {r.mcts_width}")
+    _check(r.mcts_max_tokens is None or r.mcts_max_tokens >= 1,
+           f"rollout.mcts.max_tokens must be >= 1 or null (no budget), got {r.mcts_max_tokens}")
+    _check(math.isfinite(r.mcts_exploration) and r.mcts_exploration >= 0,
+           f"rollout.mcts.exploration must be a finite number >= 0, got {r.mcts_exploration}")
+    _check(r.mcts_separator != "", "rollout.mcts.separator is empty: give the text ending a step, e.g. '. '")
+    _check(r.mcts_value in ("reward", "steps") or Path(r.mcts_value).is_dir(),
+           f"rollout.mcts.value must be reward, steps or a reward-model folder; {r.mcts_value!r} is none "
+           f"of them{suggest(r.mcts_value, ['reward', 'steps'])}")
+    refused = {"rollout.backend": (r.backend not in ("auto", "fast"), "grpokit's sampler decodes the steps"),
+               "rollout.tools / rollout.environment": (bool(r.tools or r.environment), "one turn"),
+               "rollout.async.max_staleness": (r.async_max_staleness is not None, "the worker samples flat"),
+               "rollout.dynamic_sampling": (r.dynamic_sampling, "it regroups rows"),
+               "rollout.tree.widths": (bool(r.tree_widths), "one search per group"),
+               "loss.algorithm=ppo": (cfg.loss.algorithm == "ppo", "the critic replaces the search")}
+    for key, (on, why) in refused.items():
+        _check(not on, f"rollout.mcts.enabled with {key}: not supported ({why}): drop one of them")
 
 
 def _check_agents(cfg: GRPOConfig) -> None:
@@ -340,7 +365,7 @@ def _check_reward_models(cfg: GRPOConfig) -> None:
 def validate(cfg: GRPOConfig) -> None:
     """Every check; each failure is one line naming the field and the fix."""
     for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_async, _check_tree,
-                  _check_agents, _check_loss, _check_optim_and_run, _check_reward_model_task,
+                  _check_mcts, _check_agents, _check_loss, _check_optim_and_run, _check_reward_model_task,
                   _check_reward_models):
         check(cfg)
 

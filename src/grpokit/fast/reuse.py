@@ -302,14 +302,16 @@ def recording_policy(cfg, world_size: int, model):
     record), True (record), or for "auto" a function lengths [N] -> bool that the sampler asks whenever
     rows finish, dropping the record once it will not pay (`reuse_pays`, live rows counted at the limit).
 
-    Never with several processes, another sampler, PPO, dynamic sampling (its batches are merged) or
-    gradient checkpointing (which asks for less memory than a record holds). "auto" also wants a model
-    of REUSE_MIN_PARAMS or more and no optim.micro_batch_size below the batch: the record is freed layer
-    by layer only when one micro-batch holds every row; with smaller ones it would be held through
-    all of them, more memory than micro-batching saves.
+    Never with several processes, another sampler, PPO, dynamic sampling (its batches are merged), MCTS
+    rollouts (many decode calls, none over the batch's rows) or gradient checkpointing (which asks for
+    less memory than a record holds). "auto" also wants a model of REUSE_MIN_PARAMS or more and no
+    optim.micro_batch_size below the batch: the record is freed layer by layer only when one micro-batch
+    holds every row; with smaller ones it would be held through all of them, more memory than
+    micro-batching saves.
     """
     r, mb = cfg.rollout, cfg.optim.micro_batch_size
     if not r.reuse_activations or world_size != 1 or r.backend not in ("auto", "fast") or r.dynamic_sampling \
+            or r.mcts_enabled \
             or cfg.loss.algorithm != "grpo" or checkpointing_enabled(model) \
             or 0 < r.generation_batch_size < cfg.batch_size \
             or is_peft_model(model):   # several decode calls; LoRA: the decoder applies merged weights

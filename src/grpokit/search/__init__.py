@@ -13,6 +13,8 @@
     best_of_n  the top-scored of N samples
     beam       step-level beam search guided by a process scorer
     mcts       Monte Carlo tree search over steps (UCT), values from scored rollouts
+    mcts_batch the same search for B prompts in lockstep, every simulation's trajectory kept with its
+               sampling log-probs: MCTS rollouts for training (grpokit.train.mcts_rollouts)
     run        SearchSpec (the flags and their checks) and search_evaluate (the report)
 
 Each method reports accuracy, generated tokens per problem (every token decoded, discarded ones too)

@@ -34,6 +34,8 @@ class Completion:
     tokens: int        # tokens decoded for it, its EOS included
     ended: bool        # it ended with EOS (False: cut by the length limit, or stopped at a step end)
     ids: list[int] = field(default_factory=list)   # its token ids (filled where a method needs them)
+    logprobs: list[float] = field(default_factory=list)   # per id: its log-prob under the sampling
+                                                          # distribution (Decoder.extend fills it)
 
 
 @dataclass

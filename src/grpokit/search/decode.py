@@ -5,6 +5,10 @@
     dec.extend(prefixes, n, limits, separator)          # n one-step continuations per token-id prefix
     dec.extend(prefixes, n, limits, None)               # n continuations to EOS (MCTS rollouts)
 
+`extend`'s completions carry their ids and each id's log-prob under the sampling distribution (the
+tempered, top-p/top-k filtered one the loop drew from): MCTS rollouts for training
+(`grpokit.search.mcts_batch`) hand them to the update as the rows' sampling log-probs.
+
 `complete` is `grpokit.rollout.groups.sample_groups` (group_size = n: each prompt is prefilled once and
 its KV cache is read by its n rows). `extend` drives the same decode loop (`grpokit.rollout.sampler.
 fast_sample`) on token-id prefixes (prompt + the partial solution so far), with a turn driver that ends a
@@ -120,12 +124,13 @@ class Decoder:
         vocab = self.model.get_output_embeddings().weight.shape[0]
         driver = StepStop(self.tokenizer, self.eos_ids, separator, row_limits, vocab)
         with switch.accelerated(self.model):
-            tokens, _ = sampler.fast_sample(self.model, ids.to(device), mask.to(device), n, max(limits),
+            tokens, logps = sampler.fast_sample(self.model, ids.to(device), mask.to(device), n, max(limits),
                                             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                             eos_ids=self.eos_ids, pad_id=pad, driver=driver)
         out = []
         for row, length in enumerate(driver.lengths):
             kept = tokens[row, :length].tolist()
             out.append(Completion(self.tokenizer.decode(kept, skip_special_tokens=True), length,
-                                  bool(kept) and kept[-1] in self.eos_ids, kept))
+                                  bool(kept) and kept[-1] in self.eos_ids, kept,
+                                  logps[row, :length].tolist()))
         return [out[i * n:(i + 1) * n] for i in range(len(prefixes))]

@@ -1,7 +1,8 @@
 """[A] + [B] for one step: the prompts sampled into groups and scored, with DAPO's dynamic sampling.
 
 `collect_batch` takes this rank's B prompts from the stream, samples G completions each
-(`grpokit.rollout.groups.sample_groups`, or the vLLM engine) and scores them (`grpokit.rewards.scoring`); with
+(`grpokit.rollout.groups.sample_groups`, the vLLM engine, or rollout.mcts's tree searches:
+`grpokit.train.mcts_rollouts`) and scores them (`grpokit.rewards.scoring`); with
 rollout.dynamic_sampling, groups whose rewards are all equal are dropped and new prompts sampled.
 GRPO's `train_step` and PPO's `ppo_train_step` both start here.
 """
@@ -17,6 +18,7 @@ from grpokit.rewards.scoring import REWARDS, reward_kwargs, score_responses, tok
 from grpokit.rollout.groups import merge_kept_groups, sample_groups
 from grpokit.rollout.tree import TreeSpec
 from grpokit.rollout.vllm_backend import vllm_agent_sampler, vllm_sample
+from grpokit.train.mcts_rollouts import MctsRollouts
 from grpokit.train.state import TrainState
 
 
@@ -37,6 +39,10 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
                                                     cfg, sampler=vllm_agent_sampler(state))
         elif r.backend == "vllm":
             rollout = vllm_sample(state, prompts)
+        elif r.mcts_enabled:   # G simulations of a tree search per prompt (grpokit.train.mcts_rollouts)
+            if state.mcts is None:
+                state.mcts = MctsRollouts(state)
+            rollout = state.mcts.sample(state, examples)
         else:
             rollout = sample_groups(state.model, state.tokenizer, prompts, r.num_generations,
                                     r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
@@ -44,7 +50,8 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
                                     truncate_prompt=r.truncate_prompt, backend=r.backend,
                                     generation_batch_size=r.generation_batch_size,
                                     chat_template_kwargs=cfg.task.chat_template_kwargs, tree=TreeSpec.of(r))
-    return score_batch(state, examples, rollout, env_extra, timer)
+    scored = score_batch(state, examples, rollout, env_extra, timer)
+    return state.mcts.blank_unrun(*scored) if r.mcts_enabled else scored
 
 
 def score_batch(state: TrainState, examples: list, rollout, env_extra: dict[str, Any], timer: PhaseTimer):

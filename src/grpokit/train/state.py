@@ -52,6 +52,9 @@ class TrainState:
     agent: Any = None
     # rollout.async.max_staleness set: grpokit.train.async_rollouts.AsyncRollouts (the rollout worker)
     async_rollouts: Any = None
+    # rollout.mcts.enabled: grpokit.train.mcts_rollouts.MctsRollouts (its value scorer, the last batch's
+    # search figures), built at the first step; nothing in it outlives a step's batch
+    mcts: Any = None
     # the one switch's buffers kept between steps (grpokit.switch.accelerated: the activation record's
     # gate/up buffers, reused instead of touching fresh memory each step); never checkpointed
     speedup_buffers: dict = field(default_factory=dict)

@@ -43,6 +43,7 @@ from grpokit.rollout.groups import Rollout
 from grpokit.rollout.tree import TreeSpec, decoded_tokens
 from grpokit.train.collect import collect_batch
 from grpokit.train.distributed import Distributed
+from grpokit.train.mcts_rollouts import mcts_stats
 from grpokit.train.ppo import ppo_train_step
 from grpokit.train.state import TrainState
 from grpokit.train.update import forward_logprobs, micro_batch_plan, policy_update, skip_update
@@ -149,7 +150,8 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
                    "bad_steps": float(state.bad_steps), "skipped_updates": float(state.skipped_updates),
                    "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum()),
                    **trajectory_stats(rollout, g),   # tools / environments only: turns, calls, errors
-                   **tree_stats(cfg, rollout, state.dist)}   # tree rollouts only: tokens decoded
+                   **tree_stats(cfg, rollout, state.dist),   # tree rollouts only: tokens decoded
+                   **mcts_stats(state)}                       # MCTS rollouts only: tokens, nodes, values
         if tracker is not None:
             tracker.observe(state.step, rollout, scores, adv_flat, correct)
     return metrics
