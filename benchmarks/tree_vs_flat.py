@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from bench_record import machine  # noqa: E402  (scripts/bench_record.py)
+from docs_tree import interpolate  # noqa: E402  (scripts/docs_tree.py)
 
 ARM = re.compile(r"^tree-(\d+(?:x\d+)*)-at(\d+(?:-\d+)*)$")
 MCTS_ARM = re.compile(r"^mcts(?:-w(\d+))?(?:-b(\d+))?(-steps)?$")
@@ -89,15 +90,6 @@ def run_one(config: str | None, arm: str, seed: int, steps: int, eval_steps: int
             "train_s": seconds, "s_per_step": seconds / max(len(rows), 1), "final_accuracy": curve[-1][3],
             "completion_tokens": sum(r["completion_tokens"] for r in rows), "wall_s": wall,
             "run_command": " ".join(argv[2:])}
-
-
-def interpolate(curve: list[list[float]], axis: int, x: float) -> float | None:
-    """The curve's accuracy at `x` on axis 1 (tokens) or 2 (seconds), linear between evaluations."""
-    pts = [(c[axis], c[3]) for c in curve]
-    for (x0, a0), (x1, a1) in zip(pts, pts[1:]):
-        if x0 <= x <= x1:
-            return a0 if x1 == x0 else a0 + (a1 - a0) * (x - x0) / (x1 - x0)
-    return None
 
 
 def summary(rows: list[dict]) -> dict:

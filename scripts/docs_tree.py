@@ -34,6 +34,15 @@ def arm_label(arm: str) -> str:
     return f"tree {widths}, branch at {at.replace('-', ', ')}"
 
 
+def interpolate(curve: list[list[float]], axis: int, x: float) -> float | None:
+    """The curve's accuracy at `x` on axis 1 (tokens) or 2 (seconds), linear between evaluations."""
+    pts = [(c[axis], c[3]) for c in curve]
+    for (x0, a0), (x1, a1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            return a0 if x1 == x0 else a0 + (a1 - a0) * (x - x0) / (x1 - x0)
+    return None
+
+
 def tree_table(path: Path) -> str:
     """Per arm: accuracy per seed and mean, tokens and seconds against flat; flat at equal tokens, seconds."""
     runs, s = _runs(path)
@@ -49,6 +58,12 @@ def tree_table(path: Path) -> str:
             secs += f" ({f['train_s_vs_flat']:.2f}x)"
         eq_t = _pct(f.get("flat_accuracy_at_equal_tokens")) if arm != "flat" else ""
         eq_s = _pct(f.get("flat_accuracy_at_equal_train_s")) if arm != "flat" else ""
+        if arm != "flat" and f.get("flat_accuracy_at_equal_train_s") is None:   # a flat run ended sooner
+            end = min(r["train_s"] for r in runs if r["arm"] in ("flat", arm))   # every run reached it
+            both = {a: [interpolate(r["curve"], 2, end) for r in runs if r["arm"] == a]
+                    for a in ("flat", arm)}
+            eq_s = (f"{_pct(sum(both['flat']) / len(both['flat']))} (at {end:.0f} s, where every run of both "
+                    f"arms is; this arm {_pct(sum(both[arm]) / len(both[arm]))})")
         lines.append(f"| {arm_label(arm)} | {seeds} | {_pct(f['mean_final_accuracy'])} | {tokens} | {secs} "
                      f"| {eq_t} | {eq_s} |")
     r0 = runs[0]
@@ -117,7 +132,8 @@ def tree_rows() -> list[str]:
         runs, s = _runs(path)
         for arm in (a for a in dict.fromkeys(r["arm"] for r in runs) if a != "flat"):
             f = s[arm]
-            out.append(f"| tree rollouts for training ({runs[0]['config']}, {arm_label(arm)}; "
+            task = "three-term sums" if "task.terms=3" in runs[0]["overrides"] else runs[0]["config"]
+            out.append(f"| tree rollouts for training ({task}, {arm_label(arm)}; "
                        f"{len(f['seeds'])} seeds, {runs[0]['steps']} steps) | held-out "
                        f"{_pct(f['mean_final_accuracy'])} vs flat {_pct(s['flat']['mean_final_accuracy'])} "
                        "with "
