@@ -119,27 +119,34 @@ def plot(args) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     rows = [json.loads(line) for line in RAW.read_text().splitlines() if line.strip()]
     fig, ax = plt.subplots(figsize=(10, 5))
     markers = "osD^vP*Xhp<>"
-    policies = list(dict.fromkeys(policy_of(r) for r in rows))
-    for i, r in enumerate(rows):
-        k = policies.index(policy_of(r))
-        ax.scatter(r["tokens_per_problem"], r["accuracy"], s=40, marker=markers[i % len(markers)],
-                   color=f"C{k}", label=f"{policy_of(r)}, {r['label']}: {r['accuracy']:.3f}, "
-                                        f"{r['tokens_per_problem']:.0f} tok")
+    policies = list(dict.fromkeys(policy_of(r) for r in rows))      # colour: the policy
+    methods = list(dict.fromkeys(r["label"] for r in rows))         # marker: the search
+    for r in rows:
+        ax.scatter(r["tokens_per_problem"], r["accuracy"], s=45, color=f"C{policies.index(policy_of(r))}",
+                   marker=markers[methods.index(r["label"]) % len(markers)])
+    by_policy = [Line2D([], [], color=f"C{i}", marker="o", linestyle="", label=name)
+                 for i, name in enumerate(policies)]
+    by_method = [Line2D([], [], color="grey", marker=markers[i % len(markers)], linestyle="", label=name)
+                 for i, name in enumerate(methods)]
+    first = ax.legend(handles=by_policy, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                      title="policy (colour)", title_fontsize=8)
+    ax.add_artist(first)
+    ax.legend(handles=by_method, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0),
+              title="search (marker)", title_fontsize=8)
     ax.set_xlim(0, 1.1 * max(r["tokens_per_problem"] for r in rows))
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_xlabel("generated tokens per problem")
     ax.set_ylabel("accuracy (one answer per problem)")
-    first = rows[0]
-    ax.set_title(f"search at inference: the demo's policies, {int(first['num_problems'])} held-out problems "
-                 "(colour: policy)", fontsize=10)
+    ax.set_title(f"Search at inference on the demo, {int(rows[0]['num_problems'])} held-out problems",
+                 fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out = ROOT / "docs" / "search_demo.png"
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
     print(f"wrote {out}")
 
 
