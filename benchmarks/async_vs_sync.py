@@ -28,7 +28,6 @@ on another GPU or machine) as fast as the trainer's, the model is (G2 + R2) / ma
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -39,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from bench_record import machine  # noqa: E402  (scripts/bench_record.py)
+from bench_record import append_rows, run_meta  # noqa: E402  (scripts/bench_record.py)
 
 # mode -> overrides; sync1 is the synchronous run on one thread (OMP_NUM_THREADS=1), sync on torch's default
 MODES = {"sync": [], "sync1": [], "k1": ["rollout.async.max_staleness=1"],
@@ -159,11 +158,7 @@ def main() -> int:
                         "them again (copied as measured, marked reused_from); the summary covers both")
     p.add_argument("overrides", nargs="*", help="key=value for every run")
     args = p.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    meta = {"bench": "async_vs_sync", "config": args.config or "built-in demo", "overrides": args.overrides,
-            "commit": commit, "machine": machine(), "date": datetime.date.today().isoformat(),
-            "command": "python benchmarks/async_vs_sync.py " + " ".join(sys.argv[1:])}
+    meta = run_meta("async_vs_sync", "benchmarks/async_vs_sync.py", args.config, args.overrides, sys.argv[1:])
     rows = reused(Path(args.out), args.reuse)
     with tempfile.TemporaryDirectory(prefix="grpokit-async-bench-") as tmp:
         for i, seed in enumerate(args.seeds):
@@ -177,10 +172,7 @@ def main() -> int:
                 rows.append(row)
                 print(json.dumps({k: row[k] for k in ("mode", "seed", "s_per_step", "generate_s", "rest_s",
                                                       "wait_s", "curve")}), flush=True)
-    rows.append({**meta, **summary(rows, args.target)})
-    print(json.dumps(rows[-1], indent=1))
-    with open(args.out, "a", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    append_rows(args.out, [*rows, {**meta, **summary(rows, args.target)}])
     return 0
 
 

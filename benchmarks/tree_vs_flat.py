@@ -24,7 +24,6 @@ curves interpolated linearly between evaluations: accuracy at equal tokens and a
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import queue
@@ -38,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from bench_record import machine  # noqa: E402  (scripts/bench_record.py)
+from bench_record import append_rows, run_meta  # noqa: E402  (scripts/bench_record.py)
 from docs_tree import interpolate  # noqa: E402  (scripts/docs_tree.py)
 
 ARM = re.compile(r"^tree-(\d+(?:x\d+)*)-at(\d+(?:-\d+)*)$")
@@ -135,12 +134,8 @@ def main() -> int:
     args = p.parse_args()
     for arm in args.arms:
         arm_overrides(arm)                                   # a bad arm stops here, before any run
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    meta = {"bench": "tree_vs_flat", "config": args.config or "built-in demo", "overrides": args.overrides,
-            "commit": commit, "machine": machine(), "threads": 1, "parallel": len(args.cores),
-            "date": datetime.date.today().isoformat(),
-            "command": "python benchmarks/tree_vs_flat.py " + " ".join(sys.argv[1:])}
+    meta = {**run_meta("tree_vs_flat", "benchmarks/tree_vs_flat.py", args.config, args.overrides,
+                       sys.argv[1:]), "threads": 1, "parallel": len(args.cores)}
     # arms alternate their order per seed, so each arm's runs start on either core
     jobs = [(arm, seed) for i, seed in enumerate(args.seeds)
             for arm in (args.arms[::-1] if i % 2 else args.arms)]
@@ -163,10 +158,7 @@ def main() -> int:
                   flush=True)
             return row
         rows = list(pool.map(go, jobs))
-    rows.append({**meta, **summary(rows)})
-    print(json.dumps(rows[-1], indent=1))
-    with open(args.out, "a", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    append_rows(args.out, [*rows, {**meta, **summary(rows)}])
     return 0
 
 

@@ -28,6 +28,22 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
+def run_meta(bench: str, script: str, config: str | None, overrides: list[str], argv: list[str]) -> dict:
+    """What every row of a benchmark run records: the bench, config, overrides, commit, machine, date and
+    the command as typed."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    return {"bench": bench, "config": config or "built-in demo", "overrides": overrides,
+            "commit": commit.strip(), "machine": machine(), "date": datetime.date.today().isoformat(),
+            "command": f"python {script} " + " ".join(argv)}
+
+
+def append_rows(out: str | Path, rows: list[dict]) -> None:
+    """Print the last row (the summary) and append every row to the JSONL file `out`."""
+    print(json.dumps(rows[-1], indent=1))
+    with open(out, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
 def records(lines: list[str], meta: dict) -> list[dict]:
     rows = [json.loads(line) for line in lines if line.strip().startswith("{")]
     out = []

@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+
 from grpokit.observe.metrics import read_metrics
 
 SERVER = r"""
@@ -109,3 +112,15 @@ def snapshot(root: Path) -> dict[str, str]:
     """Every path under root: a file's sha256, or '<dir>'."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "<dir>"
             for p in sorted(Path(root).rglob("*"))}
+
+
+def final_weights(out: Path) -> dict:
+    """A finished run's final model weights (out/final/model.safetensors)."""
+    return load_file(out / "final" / "model.safetensors")
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    """Two state dicts hold the same tensors, bit for bit."""
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

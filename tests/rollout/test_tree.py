@@ -42,11 +42,15 @@ def test_tree_advantages_without_a_branch_in_the_completion_are_zero_and_nan_is_
     assert torch.isfinite(seg).all() and seg[0, 1] == pytest.approx(1 - 2 / 3) and seg[1, 2] == 0.0
 
 
-@pytest.mark.parametrize("engine", ["lean", "cached"])
-def test_a_tree_with_no_branch_inside_the_completion_samples_exactly_what_flat_sampling_does(
-        monkeypatch, engine):
-    if engine == "cached":
+@pytest.fixture(params=["lean", "cached"])
+def engine(request, monkeypatch):
+    """Each sampling test on both decode engines: the lean decoder, and the model's forward with a cache."""
+    if request.param == "cached":
         monkeypatch.setattr(sampler, "lean_supported", lambda model, n: False)
+    return request.param
+
+
+def test_a_tree_with_no_branch_inside_the_completion_samples_exactly_what_flat_sampling_does(engine):
     model, tok = build_model("tiny", mean_length=8)
     prompts = bench_prompts(3)
     torch.manual_seed(5)
@@ -59,11 +63,7 @@ def test_a_tree_with_no_branch_inside_the_completion_samples_exactly_what_flat_s
     assert torch.equal(flat.completion_mask, one.completion_mask)
 
 
-@pytest.mark.parametrize("engine", ["lean", "cached"])
-def test_forked_caches_give_the_log_probs_of_each_leaf_decoded_alone_and_leaves_share_their_nodes(
-        monkeypatch, engine):
-    if engine == "cached":
-        monkeypatch.setattr(sampler, "lean_supported", lambda model, n: False)
+def test_forked_caches_give_the_log_probs_of_each_leaf_decoded_alone_and_leaves_share_their_nodes(engine):
     model, tok = build_model("tiny", mean_length=10)
     spec = TreeSpec((2, 2, 3), (4, 7))
     torch.manual_seed(1)

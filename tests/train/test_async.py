@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from grpokit.config.schema import ConfigError, build_config
 from grpokit.observe.metrics import read_metrics
@@ -16,7 +15,14 @@ from grpokit.train.async_rollouts import DELAY_ENV, AsyncRollouts, AsyncWorkerEr
 from grpokit.train.checkpoint import list_checkpoints
 from grpokit.train.loop import build_state, train_grpo
 from grpokit.train.update import forward_logprobs
-from live_runs import ForkServer, logged, tiny_train_argv, wait_for  # tests/live_runs.py
+from live_runs import (  # tests/live_runs.py
+    ForkServer,
+    assert_same_weights,
+    final_weights,
+    logged,
+    tiny_train_argv,
+    wait_for,
+)
 
 EASY = str(Path(__file__).resolve().parents[1] / "easy_rewards.py") + ":share_of_a"
 
@@ -33,16 +39,6 @@ def tiny(out: Path, K: int | None = 1, N: int = 1, **over):
 
 # one torch thread (tests/conftest.py): the same reductions in every run, bit-identical results on CPU
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def final_weights(out: Path) -> dict:
-    return load_file(out / "final" / "model.safetensors")
-
-
-def assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +71,7 @@ def test_k0_through_the_worker_equals_the_synchronous_run_bit_for_bit(tmp_path):
     sync, worker = tmp_path / "sync", tmp_path / "k0"
     train_grpo(tiny(sync, K=None, **{"run.max_steps": 4}))
     train_grpo(tiny(worker, K=0, **{"run.max_steps": 4}))
-    assert_same(final_weights(sync), final_weights(worker))
+    assert_same_weights(final_weights(sync), final_weights(worker))
     a, b = read_metrics(sync), read_metrics(worker)
     keys = ["reward_mean", "loss", "grad_norm", "completion_tokens"]
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
@@ -138,7 +134,7 @@ def test_a_killed_worker_is_restarted_and_the_run_is_unchanged(straight, tmp_pat
             state.async_rollouts.proc.kill()
 
     train_grpo(tiny(tmp_path), hooks={"after_step": kill_worker})
-    assert_same(final_weights(straight), final_weights(tmp_path))
+    assert_same_weights(final_weights(straight), final_weights(tmp_path))
     rows = read_metrics(tmp_path)
     assert [r["async/worker_restarts"] for r in rows][-1] == 1.0
     assert [r["loss"] for r in rows] == [r["loss"] for r in read_metrics(straight)]
@@ -154,7 +150,7 @@ def test_a_worker_that_dies_past_max_restarts_stops_the_run_in_one_line_and_it_r
     assert "\n" not in str(err.value) and "--resume" in str(err.value)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-2"]
     train_grpo(tiny(tmp_path, **{"run.resume": True}))
-    assert_same(final_weights(straight), final_weights(tmp_path))
+    assert_same_weights(final_weights(straight), final_weights(tmp_path))
 
 
 def test_a_run_stopped_after_a_checkpoint_resumes_to_the_uninterrupted_weights(straight, tmp_path):
@@ -164,7 +160,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_to_the_uninterrupted_weights(s
     with pytest.raises(KeyboardInterrupt):
         train_grpo(tiny(tmp_path), hooks={"after_step": crash})
     train_grpo(tiny(tmp_path, **{"run.resume": True}))
-    assert_same(final_weights(straight), final_weights(tmp_path))
+    assert_same_weights(final_weights(straight), final_weights(tmp_path))
     assert [r["loss"] for r in read_metrics(tmp_path)] == [r["loss"] for r in read_metrics(straight)]
 
 
@@ -184,7 +180,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical_and_the_worker_ends_with_i
         assert server.kill(pid) == -signal.SIGKILL
         wait_for(lambda: all(_zombie(w) for w in workers), "the orphaned worker to end", timeout=15)
         assert server.wait(server.run(argv(out), str(out) + ".log")) == 0, Path(str(out) + ".log").read_text()
-        assert_same(final_weights(ref), final_weights(out))
+        assert_same_weights(final_weights(ref), final_weights(out))
         assert [r["step"] for r in read_metrics(out)] == list(range(1, 9))
     finally:
         server.close()

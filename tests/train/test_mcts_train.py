@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from grpokit.config.schema import ConfigError, build_config
 from grpokit.observe.metrics import read_metrics
@@ -15,6 +14,7 @@ from grpokit.rewards.rm_train import init_reward_model, save_reward_model
 from grpokit.rewards.scoring import RewardBatch
 from grpokit.train.loop import train_grpo
 from grpokit.train.mcts_rollouts import blank_rows
+from live_runs import assert_same_weights, final_weights  # tests/live_runs.py
 
 # the demo's policy writes "37+58=95. \boxed{95}": two steps, the first ending at ". "
 MCTS = {"rollout.mcts.enabled": True, "rollout.mcts.separator": ". "}
@@ -30,10 +30,6 @@ def tiny(out: Path, **over):
               "run.eval_limit": 0, "run.progress": False, "run.output_dir": str(out), "run.max_steps": 4,
               "run.save_steps": 2}
     return build_config({**values, **MCTS, **over})
-
-
-def weights(out: Path) -> dict:
-    return load_file(out / "final" / "model.safetensors")
 
 
 def test_an_mcts_run_trains_logs_its_search_and_resumes_to_the_same_weights(tmp_path):
@@ -52,11 +48,11 @@ def test_an_mcts_run_trains_logs_its_search_and_resumes_to_the_same_weights(tmp_
     with pytest.raises(KeyboardInterrupt):
         train_grpo(tiny(tmp_path / "stopped"), hooks={"after_step": crash})
     train_grpo(tiny(tmp_path / "stopped", **{"run.resume": True}))
-    a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "stopped")
+    assert_same_weights(a, b)
     assert [r["loss"] for r in read_metrics(tmp_path / "stopped")] == [r["loss"] for r in rows]
     train_grpo(tiny(tmp_path / "flat", **{"rollout.mcts.enabled": False}))   # other samples, other weights
-    flat = weights(tmp_path / "flat")
+    flat = final_weights(tmp_path / "flat")
     assert any(not torch.equal(x, flat[k]) for k, x in a.items())
     assert "mcts/decoded_tokens" not in read_metrics(tmp_path / "flat")[0]
 

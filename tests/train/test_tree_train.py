@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from grpokit.config.schema import ConfigError, build_config
 from grpokit.observe.metrics import read_metrics
 from grpokit.train.loop import train_grpo
+from live_runs import assert_same_weights, final_weights  # tests/live_runs.py
 
 EASY = str(Path(__file__).resolve().parents[1] / "easy_rewards.py") + ":share_of_a"
 
@@ -27,20 +27,10 @@ def tiny(out: Path, **over):
     return build_config({**values, **over})
 
 
-def weights(out: Path) -> dict:
-    return load_file(out / "final" / "model.safetensors")
-
-
-def assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
 def test_a_tree_without_a_branch_inside_the_completion_trains_exactly_as_flat(tmp_path):
     train_grpo(tiny(tmp_path / "flat"))
     train_grpo(tiny(tmp_path / "tree", **{"rollout.tree.widths": [8, 1], "rollout.tree.branch_at": [4]}))
-    assert_same(weights(tmp_path / "flat"), weights(tmp_path / "tree"))
+    assert_same_weights(final_weights(tmp_path / "flat"), final_weights(tmp_path / "tree"))
     flat, tree = read_metrics(tmp_path / "flat"), read_metrics(tmp_path / "tree")
     assert [r["loss"] for r in flat] == [r["loss"] for r in tree]
     assert all(r["tree/decoded_tokens"] == r["tree/flat_tokens"] == r["completion_tokens"] for r in tree)
@@ -63,10 +53,11 @@ def test_a_branching_tree_decodes_fewer_tokens_than_flat_sampling_of_its_leaves(
         assert r["tree/decoded_tokens"] < r["tree/flat_tokens"] == r["completion_tokens"]
         assert r["tree/decoded_share"] == pytest.approx(r["tree/decoded_tokens"] / r["tree/flat_tokens"])
     train_grpo(tiny(tmp_path))                     # flat: other samples, other weights
-    assert any(not torch.equal(a, b) for a, b in zip(weights(branching).values(), weights(tmp_path).values()))
+    tree, flat = final_weights(branching), final_weights(tmp_path)
+    assert any(not torch.equal(tree[k], flat[k]) for k in tree)
 
 
-def test_a_stopped_tree_run_resumes_to_the_uninterrupted_weights(branching, tmp_path):
+def test_a_stopped_tree_run_resumes_to_the_uninterrupted_final_weights(branching, tmp_path):
     tree = {"rollout.tree.widths": [2, 2, 2], "rollout.tree.branch_at": [3, 6]}
 
     def crash(state, metrics):
@@ -75,7 +66,7 @@ def test_a_stopped_tree_run_resumes_to_the_uninterrupted_weights(branching, tmp_
     with pytest.raises(KeyboardInterrupt):
         train_grpo(tiny(tmp_path, **tree), hooks={"after_step": crash})
     train_grpo(tiny(tmp_path, **tree, **{"run.resume": True}))
-    assert_same(weights(branching), weights(tmp_path))
+    assert_same_weights(final_weights(branching), final_weights(tmp_path))
     assert [r["loss"] for r in read_metrics(tmp_path)] == [r["loss"] for r in read_metrics(branching)]
 
 
