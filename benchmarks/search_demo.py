@@ -5,11 +5,17 @@
     python benchmarks/search_demo.py run --model runs/tree/flat-0/final --limit 200   # a GRPO-trained policy
     python benchmarks/search_demo.py table          # the markdown table, read from the raw file only
     python benchmarks/search_demo.py plot           # docs/search_demo.png: accuracy against tokens/problem
+    python benchmarks/search_demo.py run --config configs/smollm2_gsm8k_cpu.yaml --limit 200 \
+        --raw benchmarks/results/search_gsm8k.jsonl --step-separator '\n' --rm RM --prm PRM   # SmolLM2, GSM8K
+    python benchmarks/search_demo.py plot --raw benchmarks/results/search_gsm8k.jsonl \
+        --png docs/search_gsm8k.png --task 'GSM8K test'
 
 Each row is one `grpokit eval --search ...` on the demo (builtin:arith-demo, the default config's
-held-out problems, the first --limit) pinned to one core (`OMP_NUM_THREADS=1 taskset -c CORE`); its
-report's figures are appended to benchmarks/results/search_demo.jsonl with the command, commit, CPU model,
-thread count and date. The reward models are folders `grpokit rm train` wrote (docs/search.md says how).
+held-out problems, the first --limit; or --config's task and policy) pinned to one core
+(`OMP_NUM_THREADS=1 taskset -c CORE`); its report's figures are appended to --raw (default
+benchmarks/results/search_demo.jsonl) with the command, commit, CPU model, thread count and date;
+majority and best-of-n rows also keep `oracle_accuracy` (a right answer among the N samples: pass@N).
+The reward models are folders `grpokit rm train` wrote (docs/search.md says how).
 """
 
 from __future__ import annotations
@@ -52,8 +58,8 @@ def commit() -> str:
     return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def settings(rm: str | None, prm: str | None, budget: int) -> list[tuple[str, list[str]]]:
-    """(label, grpokit eval arguments) of each row."""
+def settings(rm: str | None, prm: str | None, budget: int, sep: str = SEP) -> list[tuple[str, list[str]]]:
+    """(label, grpokit eval arguments) of each row; `sep` ends a step for the step verifier."""
     b = str(budget)
     rows = [("greedy", ["--search", "greedy"]),
             (f"majority@{b}", ["--search", "majority", "--budget", b]),
@@ -77,18 +83,32 @@ def settings(rm: str | None, prm: str | None, budget: int) -> list[tuple[str, li
     return rows
 
 
+def by_problem(report: dict) -> dict:
+    """Per problem, in order: 1/0 for the chosen answer (and for any right sample, where candidates are
+    kept), so rows run on fewer problems can be read against the others on the same first N."""
+    rows = report["problems"]
+    out = {"correct_by_problem": [r["correct"] for r in rows]}
+    if rows and all("candidates" in r for r in rows):
+        out["oracle_by_problem"] = [float(any(c["correct"] == 1.0 for c in r["candidates"])) for r in rows]
+    return out
+
+
 def run(args) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    RAW.parent.mkdir(parents=True, exist_ok=True)
-    for label, extra in settings(args.rm, args.prm, args.budget):
-        if args.only and not any(word in label for word in args.only):
+    Path(args.raw).parent.mkdir(parents=True, exist_ok=True)
+    raw = Path(args.raw)
+    rows = settings(args.rm, args.prm, args.budget, args.step_separator)
+    exact = {w for w in args.only or () if w in {label for label, _ in rows}}
+    for label, extra in rows:      # --only: a word equal to a label picks that row alone, else any it is in
+        if args.only and label not in exact and not any(w in label for w in args.only if w not in exact):
             continue
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "report.json"
             policy = [f"model.name_or_path={args.model}"] if args.model else []
-            cmd = ["taskset", "-c", str(args.core), sys.executable, "-m", "grpokit", "eval", "--limit",
-                   str(args.limit), "run.progress=false", "--seed", str(args.seed), "--out", str(out),
-                   *policy, *extra]
+            config = [args.config] if args.config else []
+            cmd = ["taskset", "-c", str(args.core), sys.executable, "-m", "grpokit", "eval", *config,
+                   "--limit", str(args.limit), "run.progress=false", "--seed", str(args.seed),
+                   "--out", str(out), *policy, *extra]
             start = time.perf_counter()
             subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
             wall = time.perf_counter() - start
@@ -102,15 +122,17 @@ def run(args) -> None:
                **{k: report[k] for k in ("model", "search", "budget", "rm", "prm", "prm_agg",
                                          "step_separator", "expand", "seed", "num_problems", "accuracy",
                                          "tokens_per_problem", "seconds", "seconds_per_problem")},
+               **({"oracle_accuracy": report["oracle_accuracy"]} if "oracle_accuracy" in report else {}),
+               **by_problem(report),
                "command_wall_seconds": round(wall, 1)}
-        with RAW.open("a", encoding="utf-8") as f:
+        with raw.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{label:<36} accuracy {row['accuracy']:.3f}  tokens/problem {row['tokens_per_problem']:.1f}  "
               f"{row['seconds']:.1f}s", flush=True)
 
 
 def table(args) -> None:
-    print(search_table())
+    print(search_table(Path(args.raw)))
 
 
 def plot(args) -> None:
@@ -121,7 +143,7 @@ def plot(args) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    rows = [json.loads(line) for line in RAW.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in Path(args.raw).read_text().splitlines() if line.strip()]
     fig, ax = plt.subplots(figsize=(10, 5))
     markers = "osD^vP*Xhp<>"
     policies = list(dict.fromkeys(policy_of(r) for r in rows))      # colour: the policy
@@ -141,11 +163,16 @@ def plot(args) -> None:
     ax.set_xlim(0, 1.1 * max(r["tokens_per_problem"] for r in rows))
     ax.set_xlabel("generated tokens per problem")
     ax.set_ylabel("accuracy (one answer per problem)")
-    ax.set_title(f"Search at inference on the demo, {int(rows[0]['num_problems'])} held-out problems",
+    ceiling = max((r for r in rows if "oracle_accuracy" in r), key=lambda r: r["budget"], default=None)
+    if ceiling is not None:      # pass@N: the best any choice of one of the N samples can do
+        ax.axhline(ceiling["oracle_accuracy"], color="grey", linestyle="--", linewidth=0.8)
+        ax.annotate(f"pass@{ceiling['budget']} of {policy_of(ceiling)}", (0, ceiling["oracle_accuracy"]),
+                    fontsize=7, color="grey", xytext=(4, 3), textcoords="offset points")
+    ax.set_title(f"Search at inference on {args.task}, {int(rows[0]['num_problems'])} held-out problems",
                  fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    out = ROOT / "docs" / "search_demo.png"
+    out = ROOT / args.png
     fig.savefig(out, dpi=120, bbox_inches="tight")
     print(f"wrote {out}")
 
@@ -163,9 +190,16 @@ def main() -> None:
     r.add_argument("--model", default=None, help="the policy (default: the config's, builtin:arith-demo)")
     r.add_argument("--policy-name", default="starting model (builtin:arith-demo)",
                    help="the policy's name in the table and the plot")
-    r.add_argument("--only", nargs="*", default=None, help="run only the rows whose label holds one of these")
-    sub.add_parser("table")
-    sub.add_parser("plot")
+    r.add_argument("--only", nargs="*", default=None,
+                   help="run only the rows whose label holds one of these (equal to a label: that row only)")
+    r.add_argument("--config", default=None, help="a YAML config (default: the demo)")
+    r.add_argument("--step-separator", default=SEP, help="the step verifier's step end (demo: '. ')")
+    t = sub.add_parser("table")
+    pl = sub.add_parser("plot")
+    pl.add_argument("--png", default="docs/search_demo.png", help="the plot's path under the repository")
+    pl.add_argument("--task", default="the demo", help="the task's name in the plot's title")
+    for q in (r, t, pl):
+        q.add_argument("--raw", default=str(RAW), help="the raw rows file")
     args = p.parse_args()
     {"run": run, "table": table, "plot": plot}[args.cmd](args)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 TREE_START, TREE_END = "<!-- tree-results:start -->", "<!-- tree-results:end -->"
 SEARCH_START, SEARCH_END = "<!-- search-results:start -->", "<!-- search-results:end -->"
+GSM8K_START, GSM8K_END = "<!-- search-gsm8k:start -->", "<!-- search-gsm8k:end -->"
 MCTS_START, MCTS_END = "<!-- mcts-results:start -->", "<!-- mcts-results:end -->"
 MCTS_PARTS = {"w": "width {}", "b": "budget {} tokens", "s": "step-verifier value"}
 
@@ -89,15 +90,19 @@ def policy_of(row: dict) -> str:
     return row.get("policy", "starting model (builtin:arith-demo)")
 
 
-def search_table() -> str:
-    """docs/search.md's search-at-inference table: every row of benchmarks/results/search_demo.jsonl."""
-    rows = [json.loads(line) for line in (RESULTS / "search_demo.jsonl").read_text().splitlines()
-            if line.strip()]
-    lines = ["| policy | search | accuracy | generated tokens / problem | wall s (search) | problems "
-             "| commit, date |", "|---|---|---|---|---|---|---|"]
+def search_table(raw: Path = RESULTS / "search_demo.jsonl") -> str:
+    """docs/search.md's search-at-inference table: every row of a raw file (default search_demo.jsonl);
+    where rows keep oracle_accuracy (pass@N of the samples), a column for it."""
+    rows = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+    oracle = any("oracle_accuracy" in r for r in rows)
+    lines = ["| policy | search | accuracy | " + ("pass@N of its samples | " if oracle else "")
+             + "generated tokens / problem | wall s (search) | problems | commit, date |",
+             "|---|---|---|---|---|---|---|" + ("---|" if oracle else "")]
     for r in rows:
-        lines.append(f"| {policy_of(r)} | {r['label']} | {r['accuracy']:.3f} | {r['tokens_per_problem']:.1f} "
-                     f"| {r['seconds']:.1f} | {int(r['num_problems'])} | {r['commit']}, {r['date'][:10]} |")
+        cell = (f" {r['oracle_accuracy']:.3f} |" if "oracle_accuracy" in r else " |") if oracle else ""
+        lines.append(f"| {policy_of(r)} | {r['label']} | {r['accuracy']:.3f} |{cell} "
+                     f"{r['tokens_per_problem']:.1f} | {r['seconds']:.1f} | {int(r['num_problems'])} "
+                     f"| {r['commit']}, {r['date'][:10]} |")
     first = rows[0]
     lines += ["", f"{first['cpu']}, {first['threads']} thread a row"]
     return "\n".join(lines)
@@ -144,10 +149,14 @@ def tree_rows() -> list[str]:
 
 
 def render_tree(text: str) -> str:
-    """docs/search.md with its generated blocks redrawn: the search table (search_demo.jsonl), the tree
-    tables (tree_*.jsonl) and the MCTS tables (mcts_*.jsonl)."""
+    """docs/search.md with its generated blocks redrawn: the search tables (search_demo.jsonl and
+    search_gsm8k.jsonl), the tree tables (tree_*.jsonl) and the MCTS tables (mcts_*.jsonl)."""
     text = re.sub(re.escape(SEARCH_START) + ".*?" + re.escape(SEARCH_END),
                   lambda _: f"{SEARCH_START}\n{search_table()}\n{SEARCH_END}", text, flags=re.S)
+    gsm8k = RESULTS / "search_gsm8k.jsonl"
+    if gsm8k.is_file():      # SmolLM2-135M-Instruct on GSM8K test (benchmarks/search_demo.py --config)
+        text = re.sub(re.escape(GSM8K_START) + ".*?" + re.escape(GSM8K_END),
+                      lambda _: f"{GSM8K_START}\n{search_table(gsm8k)}\n{GSM8K_END}", text, flags=re.S)
     for start, end, pattern in ((TREE_START, TREE_END, "tree_*.jsonl"),
                                 (MCTS_START, MCTS_END, "mcts_*.jsonl")):
         text = re.sub(re.escape(start) + ".*?" + re.escape(end),

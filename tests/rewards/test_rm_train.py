@@ -239,6 +239,7 @@ def test_save_then_load_round_trips(tmp_path, kind):
         "step_separator": SEP,
         "init": "builtin:tiny-random",
         "report": {"held_out": {"auc": 0.75, "accuracy": None}},
+        "last_turn": False,
     }
     loaded = load_reward_model(out, None, device="cpu")
     assert loaded.kind == kind

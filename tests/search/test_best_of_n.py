@@ -26,7 +26,10 @@ def test_best_of_n_picks_the_scorers_argmax(char_tokenizer):
     dec = StubDecoder(char_tokenizer, texts)
     [result] = best_of_n(dec, [Example("What is 3+4?", "7", {"answer": "7"})], 4, fake_scorer)
     assert result.completion == "\\boxed{77}" and result.correct == 0.0   # the RM's pick, right or not
-    assert result.extra == {"score": 2.0, "pick": 3}
+    assert {k: result.extra[k] for k in ("score", "pick")} == {"score": 2.0, "pick": 3}
+    assert result.extra["candidates"] == [    # every sample: its answer, right or not, cost, score
+        {"answer": repr(float(v)), "correct": float(v == 7), "tokens": len(t) + 1,
+         "score": float(t.count("7"))} for t, v in zip(texts["What is 3+4?"], (6, 7, 8, 77))]
     assert seen == [(["What is 3+4?"] * 4, texts["What is 3+4?"])]        # every sample scored once
     assert result.tokens == sum(len(t) + 1 for t in texts["What is 3+4?"])
     assert result.tokens == sum(c.tokens for c in dec.decoded)

@@ -2,7 +2,7 @@
 
 from search_stubs import StubDecoder
 
-from grpokit.search.common import answer_key
+from grpokit.search.common import answer_key, summarize
 from grpokit.search.majority import majority, vote
 from grpokit.tasks import Example
 
@@ -37,3 +37,17 @@ def test_majority_on_hand_made_completions(char_tokenizer):
     assert [r.extra["votes"] for r in results] == [3, 2]
     assert results[0].tokens == sum(len(t) + 1 for t in texts["What is 1+1?"])
     assert sum(r.tokens for r in results) == sum(c.tokens for c in dec.decoded)
+
+
+def test_majority_records_every_candidate_and_the_report_gives_pass_at_n(char_tokenizer):
+    texts = {"What is 1+1?": ["\\boxed{3}", "\\boxed{3}", "\\boxed{2}"],   # voted wrong, one right sample
+             "What is 2+2?": ["no answer", "\\boxed{5}", "\\boxed{6}"]}      # none right
+    examples = [Example(p, a, {"answer": a}) for p, a in (("What is 1+1?", "2"), ("What is 2+2?", "4"))]
+    results = majority(StubDecoder(char_tokenizer, texts), examples, 3)
+    first = results[0].extra["candidates"]
+    assert [c["correct"] for c in first] == [0.0, 0.0, 1.0]
+    assert [c["answer"] for c in first] == [answer_key("\\boxed{3}")] * 2 + [answer_key("\\boxed{2}")]
+    assert [c["tokens"] for c in first] == [len(t) + 1 for t in texts["What is 1+1?"]]
+    assert results[1].extra["candidates"][0]["answer"] is None
+    summary = summarize(results)
+    assert summary["accuracy"] == 0.0 and summary["oracle_accuracy"] == 0.5   # pass@3: problem 1 only

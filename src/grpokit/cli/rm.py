@@ -30,12 +30,14 @@ from grpokit.rewards.rm_data import (
     STEP_LABELS,
     RMSample,
     collect_samples,
+    keep_groups,
     read_samples,
     split_by_group,
     write_samples,
 )
 from grpokit.rewards.rm_train import (
     OBJECTIVES,
+    PRECISIONS,
     evaluate_reward_model,
     init_reward_model,
     make_rm_optimizer,
@@ -117,10 +119,17 @@ def _train_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=3e-4)
     p.add_argument("--batch-size", type=int, default=32, help="samples (pairwise: pairs) per optimizer step")
     p.add_argument("--eval-share", type=float, default=0.2, help="share of the groups (problems) held out")
+    p.add_argument("--max-groups", type=int, default=0,
+                   help="use the samples of this many groups (problems), chosen at random (seeded; 0: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out split, the head and the order")
     p.add_argument("--step-separator", default=SEP_DEFAULT, help="process RM: the text that ends a step")
     p.add_argument("--max-length", type=int, default=0, help="longest input in tokens (0: the model's limit)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="bf16: the forward under bf16 autocast (fp32 weights and AdamW)")
+    p.add_argument("--last-turn", action="store_true",
+                   help="read a chat prompt's system and last message only (drop few-shot turns); "
+                        "saved in the folder, which scores the same way")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or not args.learning_rate > 0:
@@ -140,28 +149,30 @@ def cmd_train(argv: list[str]) -> int:
 
 def _train(args: argparse.Namespace, out: Path) -> int:
     samples = _read_all(args.data, args.kind, args.step_separator)
+    samples = keep_groups(samples, args.max_groups, torch.Generator().manual_seed(args.seed))
     train, held = split_by_group(samples, args.eval_share, torch.Generator().manual_seed(args.seed))
     _say(f"{len(samples)} samples of {len({s.group for s in samples})} groups: {len(train)} train, "
          f"{len(held)} held out (whole groups)")
     model, tokenizer = init_reward_model(args.init, args.kind, args.seed, device=args.device)
     optimizer = make_rm_optimizer(model, args.learning_rate)
     generator = torch.Generator().manual_seed(args.seed)  # the only source of the sample order
-    common = {"kind": args.kind, "step_separator": args.step_separator}
+    common = {"kind": args.kind, "step_separator": args.step_separator, "last_turn": args.last_turn}
+    speed = {"precision": args.precision}
     start, held_out, history = time.time(), None, []
     for epoch in range(1, args.epochs + 1):
         stats = train_reward_model(model, tokenizer, train, objective=args.objective, optimizer=optimizer,
                                    epochs=1, batch_size=args.batch_size, generator=generator,
-                                   max_length=args.max_length, **common)
+                                   max_length=args.max_length, **common, **speed)
         line = f"epoch {epoch}/{args.epochs}: loss {stats['loss']:.4f} ({int(stats['steps'])} steps)"
         if held:
             held_out = evaluate_reward_model(model, tokenizer, held, batch_size=64,
-                                             max_length=args.max_length, **common)
+                                             max_length=args.max_length, **common, **speed)
             line += f"; held out: {_figures(held_out)}"
         history.append({"epoch": epoch, **stats, **({"held_out": held_out} if held else {})})
         _say(line + f"  [{time.time() - start:.0f}s]")
     report = {"held_out": held_out, "objective": args.objective, "data": args.data, "epochs": args.epochs,
               "learning_rate": args.learning_rate, "batch_size": args.batch_size,
-              "eval_share": args.eval_share,
+              "eval_share": args.eval_share, "precision": args.precision, "max_groups": args.max_groups,
               "seed": args.seed, "num_train": len(train), "num_held_out": len(held),
               "train_seconds": round(time.time() - start, 1), "history": history}
     with written_aside(out) as tmp:   # swapped in whole: the old --out stays until the new one is complete
@@ -185,7 +196,7 @@ def cmd_eval(argv: list[str]) -> int:
     separator = getattr(rm, "step_separator", SEP_DEFAULT)
     samples = _read_all(args.data, rm.kind, separator)
     metrics = evaluate_reward_model(rm.model, rm.tokenizer, samples, kind=rm.kind, batch_size=args.batch_size,
-                                    step_separator=separator)
+                                    step_separator=separator, last_turn=rm.last_turn)
     _say(f"{rm.kind} RM {args.rm}: {_figures(metrics)}" + (" steps" if rm.kind == "process" else " samples"))
     return 0
 

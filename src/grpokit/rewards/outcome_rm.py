@@ -64,13 +64,15 @@ class RewardModel:
         transform: 'none' (the raw logit, as TRL) or 'sigmoid' (a probability in (0, 1)).
         max_length: longest input in tokens; 0 = the model's max_position_embeddings. Longer is an error.
         name: what errors call it (default: the folder it was loaded from).
+        last_turn: read a chat prompt's system messages and last message only (`rm_text.rm_input`);
+            a folder sets it from its grpokit_rm.json.
     """
 
     kind = "outcome"
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int = 32, *,
                  device: str | torch.device | None = None, precision: str = "fp32", transform: str = "none",
-                 max_length: int = 0, name: str | None = None) -> None:
+                 max_length: int = 0, name: str | None = None, last_turn: bool = False) -> None:
         self.__name__ = name or Path(str(getattr(model.config, "_name_or_path", "") or "reward_model")).name
         check_head(model, self.kind, self.__name__)
         check_options(precision=precision, transform=transform, batch_size=batch_size, max_length=max_length)
@@ -80,7 +82,7 @@ class RewardModel:
             model.to(rm_device(device))
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.precision = batch_size, precision
-        self.transform, self.max_length = transform, max_length
+        self.transform, self.max_length, self.last_turn = transform, max_length, last_turn
 
     @classmethod
     def from_path(cls, path: str | Path, tokenizer: Any = None, **options: Any) -> RewardModel:
@@ -92,7 +94,8 @@ class RewardModel:
         return scorer
 
     def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float]:
-        texts = [rm_input(self.tokenizer, p, c)[0] for p, c in zip(prompts, completions)]
+        texts = [rm_input(self.tokenizer, p, c, last_turn=self.last_turn)[0]
+                 for p, c in zip(prompts, completions)]
         return self.score_texts(texts)
 
     def score_texts(self, texts: list[str]) -> list[float]:
@@ -186,7 +189,8 @@ def load_reward_model(path: str | Path, rm_cfg: Any = None, *,
         raise RewardError(f"reward model '{folder}': {e}") from None
     except (OSError, ValueError, KeyError, SafetensorError) as e:
         raise RewardError(f"reward model '{folder}' cannot be loaded: {str(e).splitlines()[0]}") from None
-    options.update(device=rm_device(device, policy_device), name=folder.name)
+    options.update(device=rm_device(device, policy_device), name=folder.name,
+                   last_turn=bool(meta.get("last_turn", False)))   # it reads what it was trained on
     if kind == "process":
         return ProcessRewardModel(model, tokenizer, step_separator=separator, **options)
     return RewardModel(model, tokenizer, **options)

@@ -63,7 +63,8 @@ class ProcessRewardModel:
         tokenizer: its own tokenizer (a pad token is set to EOS when missing).
         batch_size: completions per forward pass.
         step_separator: the text that ends a step (`grpokit.rewards.rm_text.split_steps`).
-        device, precision, transform, max_length, name: as for `grpokit.rewards.outcome_rm.RewardModel`.
+        device, precision, transform, max_length, name, last_turn: as for
+            `grpokit.rewards.outcome_rm.RewardModel`.
     """
 
     kind = "process"
@@ -72,7 +73,7 @@ class ProcessRewardModel:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int = 32, *,
                  step_separator: str = "\n", device: str | torch.device | None = None,
                  precision: str = "fp32", transform: str = "none", max_length: int = 0,
-                 name: str | None = None) -> None:
+                 name: str | None = None, last_turn: bool = False) -> None:
         self.__name__ = name or Path(str(getattr(model.config, "_name_or_path", "") or "process_rm")).name
         check_head(model, self.kind, self.__name__)
         check_options(precision=precision, transform=transform, batch_size=batch_size, max_length=max_length)
@@ -84,7 +85,7 @@ class ProcessRewardModel:
             model.to(rm_device(device))
         self.model, self.tokenizer, self.step_separator = model, tokenizer, step_separator
         self.batch_size, self.precision = batch_size, precision
-        self.transform, self.max_length = transform, max_length
+        self.transform, self.max_length, self.last_turn = transform, max_length, last_turn
 
     def __call__(self, prompts: list, completions: list, completion_char_ends: list | None = None,
                  **kwargs: Any) -> list[list[tuple[int, float]]]:
@@ -101,7 +102,8 @@ class ProcessRewardModel:
     def score_steps(self, prompts: list, completions: list) -> list[list[tuple[int, float]]]:
         """Per completion, (end char of the step in the completion text, score) for each step."""
         bodies = [completion_text(c) for c in completions]
-        inputs = [rm_input(self.tokenizer, p, c) for p, c in zip(prompts, completions)]
+        inputs = [rm_input(self.tokenizer, p, c, last_turn=self.last_turn)
+                  for p, c in zip(prompts, completions)]
         spans = [split_steps(b, self.step_separator) for b in bodies]
         limit = input_limit(self.model, self.max_length, self.__name__)
         out: list[list[tuple[int, float]]] = []

@@ -179,6 +179,16 @@ def write_samples(path: str | Path, samples: Sequence[RMSample]) -> Path:
     return path
 
 
+def keep_groups(samples: Sequence[RMSample], n: int, generator: torch.Generator) -> list[RMSample]:
+    """The samples of `n` groups (problems) chosen at random, whole, in their file order (all when n <= 0
+    or the data has no more): a smaller training set that keeps every kept problem's samples together."""
+    groups = list(dict.fromkeys(s.group for s in samples))
+    if n <= 0 or n >= len(groups):
+        return list(samples)
+    kept = {groups[i] for i in torch.randperm(len(groups), generator=generator).tolist()[:n]}
+    return [s for s in samples if s.group in kept]
+
+
 def split_by_group(samples: Sequence[RMSample], share: float,
                    generator: torch.Generator) -> tuple[list[RMSample], list[RMSample]]:
     """(train, held_out): a random `share` of the groups (problems) is held out, whole; no group is in both.

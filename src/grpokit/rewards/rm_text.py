@@ -7,7 +7,11 @@ reward model is trained on exactly the texts it later scores:
     spans = split_steps(completion, "\\n")                   # [(start, end), ...] char spans of its steps
 
 A chat prompt (a list of messages) goes through the reward tokenizer's chat template with the
-completion as the assistant turn (TRL's format); a plain prompt is joined with its completion.
+completion as the assistant turn (TRL's format); a plain prompt is joined with its completion. With
+`last_turn=True` a chat prompt keeps only its system messages and its last message (the question): the
+policy's few-shot demonstrations, earlier turns of the same prompt, are not the RM's to read, and on
+GSM8K with two demonstrations they are two thirds of every input's tokens. A folder trained so records
+it (grpokit_rm.json "last_turn") and scores the same way.
 """
 
 from __future__ import annotations
@@ -25,9 +29,16 @@ def completion_text(completion: Any) -> str:
     return str(completion)
 
 
-def rm_input(tokenizer: Any, prompt: Any, completion: Any) -> tuple[str, int]:
+def question_turns(prompt: list) -> list:
+    """A chat prompt's system messages and its last message: what `rm_input(last_turn=True)` reads."""
+    return [m for m in prompt[:-1] if isinstance(m, dict) and m.get("role") == "system"] + prompt[-1:]
+
+
+def rm_input(tokenizer: Any, prompt: Any, completion: Any, *, last_turn: bool = False) -> tuple[str, int]:
     """The reward model's text for one sample and the char index where the completion starts in it."""
     body = completion_text(completion)
+    if isinstance(prompt, list) and last_turn:
+        prompt = question_turns(prompt)
     if isinstance(prompt, list):
         messages = [*prompt, {"role": "assistant", "content": body}]
         if getattr(tokenizer, "chat_template", None):

@@ -38,6 +38,7 @@ from grpokit.rewards.rm_batch import input_limit
 from grpokit.rewards.rm_data import KINDS, RMDataError, RMSample
 from grpokit.rewards.rm_text import rm_input, rm_tokens, split_steps, step_token_positions
 
+PRECISIONS = ("fp32", "bf16")   # the forward of training and evaluation (bf16: autocast, fp32 weights)
 OBJECTIVES = ("pointwise", "pairwise")
 Encoded = tuple[list[int], list[int], list[float]]  # (RM token ids, scored positions, their 0/1 labels)
 
@@ -144,11 +145,11 @@ def _limit(model: torch.nn.Module, max_length: int) -> tuple[int, str]:
 
 
 def encode_samples(tokenizer, samples: Sequence[RMSample], *, kind: str, step_separator: str, limit: int,
-                   source: str = "rm.max_length") -> list[Encoded]:
+                   source: str = "rm.max_length", last_turn: bool = False) -> list[Encoded]:
     """RM token ids, the positions whose logits are scored and their labels, per sample."""
     out = []
     for i, s in enumerate(samples):
-        text, start = rm_input(tokenizer, s.prompt, s.completion)
+        text, start = rm_input(tokenizer, s.prompt, s.completion, last_turn=last_turn)
         ids, ends = rm_tokens(tokenizer, text)
         if len(ids) > limit:
             raise RMDataError(f"sample {i} (group {s.group}) is {len(ids)} reward-model tokens long, over "
@@ -168,13 +169,16 @@ def encode_samples(tokenizer, samples: Sequence[RMSample], *, kind: str, step_se
     return out
 
 
-def _scores(model, rows: Sequence[Encoded], kind: str, pad_id: int) -> torch.Tensor:
-    """The logits at every scored position of `rows`, concatenated: [sum of positions]."""
+def _scores(model, rows: Sequence[Encoded], kind: str, pad_id: int, precision: str = "fp32") -> torch.Tensor:
+    """The logits at every scored position of `rows`, concatenated: [sum of positions]; bf16: the
+    forward under bf16 autocast (fp32 weights, optimizer and loss), as the policy's mixed precision."""
     device = next(model.parameters()).device
     L = max(len(ids) for ids, _, _ in rows)
     ids = torch.tensor([r[0] + [pad_id] * (L - len(r[0])) for r in rows], device=device)  # [N, L] right pad
     mask = torch.tensor([[1] * len(r[0]) + [0] * (L - len(r[0])) for r in rows], device=device)
-    logits = model(input_ids=ids, attention_mask=mask).logits[..., 0]  # outcome [N]; process [N, L]
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        logits = model(input_ids=ids, attention_mask=mask).logits[..., 0]  # outcome [N]; process [N, L]
+    logits = logits.float()
     if kind == "outcome":
         return logits
     rows_idx = torch.tensor([n for n, r in enumerate(rows) for _ in r[1]], device=device, dtype=torch.long)
@@ -186,7 +190,9 @@ def _labels(rows: Sequence[Encoded], device) -> torch.Tensor:
     return torch.tensor([y for r in rows for y in r[2]], device=device)
 
 
-def _check(kind: str, objective: str) -> None:
+def _check(kind: str, objective: str, precision: str = "fp32") -> None:
+    if precision not in PRECISIONS:
+        raise RMDataError(f"unknown precision '{precision}': use {' or '.join(PRECISIONS)}")
     if kind not in KINDS:
         raise RMDataError(f"unknown reward-model kind '{kind}': use outcome or process")
     if objective not in OBJECTIVES:
@@ -200,13 +206,14 @@ def _check(kind: str, objective: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def batch_loss(model, encoded: list[Encoded], units: list, kind: str, *, objective: str,
-               pad_id: int) -> torch.Tensor:
+               pad_id: int, precision: str = "fp32") -> torch.Tensor:
     """The loss of one batch: `units` are sample indices (pointwise) or (chosen, rejected) pairs."""
     if objective == "pairwise":
-        scores = _scores(model, [encoded[c] for c, _ in units] + [encoded[r] for _, r in units], kind, pad_id)
+        scores = _scores(model, [encoded[c] for c, _ in units] + [encoded[r] for _, r in units], kind, pad_id,
+                         precision)
         return pairwise_loss(scores[:len(units)], scores[len(units):])
     rows = [encoded[i] for i in units]
-    scores = _scores(model, rows, kind, pad_id)
+    scores = _scores(model, rows, kind, pad_id, precision)
     if scores.numel() == 0:  # process samples without steps
         return scores.sum()
     return pointwise_loss(scores, _labels(rows, scores.device))
@@ -215,8 +222,12 @@ def batch_loss(model, encoded: list[Encoded], units: list, kind: str, *, objecti
 def train_reward_model(model, tokenizer, samples: Sequence[RMSample], *, kind: str, objective: str,
                        optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
                        generator: torch.Generator, step_separator: str,
-                       max_length: int = 0) -> dict[str, float]:
+                       max_length: int = 0, last_turn: bool = False,
+                       precision: str = "fp32") -> dict[str, float]:
     """Train in place: `epochs` passes over the samples (pointwise) or their pairs (pairwise).
+
+    last_turn: the RM reads a chat prompt's last message only (`rm_text.rm_input`); precision: fp32 or
+    bf16 (autocast over the forward; weights, AdamW and the loss in fp32).
 
     The order of each pass is `torch.randperm(generator=generator)` and nothing else draws random
     numbers, so the same generator state gives bit-identical weights. The model's train/eval mode is
@@ -228,10 +239,10 @@ def train_reward_model(model, tokenizer, samples: Sequence[RMSample], *, kind: s
     Raises:
         RMDataError: pairwise without a right/wrong pair in any group, over-long inputs, bad step labels.
     """
-    _check(kind, objective)
+    _check(kind, objective, precision)
     limit, source = _limit(model, max_length)
     encoded = encode_samples(tokenizer, samples, kind=kind, step_separator=step_separator, limit=limit,
-                             source=source)
+                             source=source, last_turn=last_turn)
     units: list = form_pairs(samples) if objective == "pairwise" else list(range(len(samples)))
     if not units:
         raise RMDataError("pairwise training needs a right and a wrong completion of one group: "
@@ -245,7 +256,7 @@ def train_reward_model(model, tokenizer, samples: Sequence[RMSample], *, kind: s
             for s in range(0, len(order), batch_size):
                 batch = [units[i] for i in order[s:s + batch_size]]
                 loss = batch_loss(model, encoded, batch, kind, objective=objective,
-                                  pad_id=tokenizer.pad_token_id)
+                                  pad_id=tokenizer.pad_token_id, precision=precision)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -261,24 +272,28 @@ def train_reward_model(model, tokenizer, samples: Sequence[RMSample], *, kind: s
 
 @torch.inference_mode()
 def score_samples(model, tokenizer, samples: Sequence[RMSample], *, kind: str, batch_size: int,
-                  step_separator: str, max_length: int = 0) -> tuple[list[float], list[float]]:
+                  step_separator: str, max_length: int = 0, last_turn: bool = False,
+                  precision: str = "fp32") -> tuple[list[float], list[float]]:
     """(logits, labels) over samples (outcome) or over all steps (process), in eval mode."""
     limit, source = _limit(model, max_length)
     encoded = encode_samples(tokenizer, samples, kind=kind, step_separator=step_separator, limit=limit,
-                             source=source)
+                             source=source, last_turn=last_turn)
     scores: list[float] = []
     with eval_mode(model):
         for s in range(0, len(encoded), batch_size):
-            scores += _scores(model, encoded[s:s + batch_size], kind, tokenizer.pad_token_id).float().tolist()
+            scores += _scores(model, encoded[s:s + batch_size], kind, tokenizer.pad_token_id,
+                              precision).tolist()
     return scores, [y for r in encoded for y in r[2]]
 
 
 def evaluate_reward_model(model, tokenizer, samples: Sequence[RMSample], *, kind: str, batch_size: int,
-                          step_separator: str, max_length: int = 0) -> dict[str, float]:
+                          step_separator: str, max_length: int = 0, last_turn: bool = False,
+                          precision: str = "fp32") -> dict[str, float]:
     """{"auc", "accuracy" (logit > 0 vs the label), "num_samples", "positive_share", "group_auc" (the mean AUC
     within each group that has both classes)}; process: over steps."""
     scores, labels = score_samples(model, tokenizer, samples, kind=kind, batch_size=batch_size,
-                                   step_separator=step_separator, max_length=max_length)
+                                   step_separator=step_separator, max_length=max_length,
+                                   last_turn=last_turn, precision=precision)
     n = len(scores)
     hits = sum((s > 0) == (y >= 0.5) for s, y in zip(scores, labels))
     owners = [s.group for s in samples for _ in range(1 if kind == "outcome" else len(s.step_labels or []))]
@@ -298,15 +313,16 @@ def _json_ready(value: Any) -> Any:
 
 
 def save_reward_model(model, tokenizer, out_dir: str | Path, *, kind: str, step_separator: str, init: str,
-                      report: dict[str, Any]) -> Path:
+                      report: dict[str, Any], last_turn: bool = False) -> Path:
     """A folder `rm:PATH` loads: save_pretrained model + tokenizer, and grpokit_rm.json
-    {"kind", "step_separator", "init", "report"} (non-finite figures written as null)."""
+    {"kind", "step_separator", "init", "report", "last_turn"} (non-finite figures written as null)."""
     if kind not in KINDS:
         raise RMDataError(f"unknown reward-model kind '{kind}': use outcome or process")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    meta = {"kind": kind, "step_separator": step_separator, "init": init, "report": _json_ready(report)}
+    meta = {"kind": kind, "step_separator": step_separator, "init": init, "report": _json_ready(report),
+            "last_turn": last_turn}
     (out / "grpokit_rm.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out

@@ -66,14 +66,41 @@ def correctness(examples: Sequence, texts: Sequence[str]) -> list[float]:
                                answer=[ex.columns["answer"] for ex in examples])
 
 
+def candidate_records(examples: Sequence, groups: Sequence[Sequence[Completion]],
+                      scores: Sequence[float] | None = None) -> list[list[dict[str, Any]]]:
+    """Per problem, one record per sampled candidate: its answer key, correctness, tokens (and score).
+
+    What a report needs to show how far the chosen answer is from the best candidate (pass@N) and how
+    the votes or scores fell; the texts are not kept (only the chosen completion's)."""
+    size = len(groups[0]) if groups else 0
+    flat = [c for group in groups for c in group]
+    right = correctness([ex for ex in examples for _ in range(size)], [c.text for c in flat])
+    out = []
+    for g, group in enumerate(groups):
+        rows = []
+        for j, c in enumerate(group):
+            k = g * size + j
+            row = {"answer": answer_key(c.text), "correct": right[k], "tokens": c.tokens}
+            if scores is not None:
+                row["score"] = scores[k]
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
 def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
-    """accuracy, tokens_per_problem, seconds and seconds_per_problem over the problems."""
+    """accuracy, tokens_per_problem, seconds and seconds_per_problem over the problems; with candidate
+    records (majority, best-of-n), also oracle_accuracy: a right answer among the candidates (pass@N)."""
     n = len(results)
-    return {"num_problems": float(n),
-            "accuracy": sum(r.correct for r in results) / n,
-            "tokens_per_problem": sum(r.tokens for r in results) / n,
-            "seconds": sum(r.seconds for r in results),
-            "seconds_per_problem": sum(r.seconds for r in results) / n}
+    out = {"num_problems": float(n),
+           "accuracy": sum(r.correct for r in results) / n,
+           "tokens_per_problem": sum(r.tokens for r in results) / n,
+           "seconds": sum(r.seconds for r in results),
+           "seconds_per_problem": sum(r.seconds for r in results) / n}
+    if results and all("candidates" in r.extra for r in results):
+        out["oracle_accuracy"] = sum(any(c["correct"] == 1.0 for c in r.extra["candidates"])
+                                     for r in results) / n
+    return out
 
 
 def in_batches(examples: Sequence, rows_per_problem: int, solve: Callable[[Sequence], list[ProblemResult]],

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from grpokit.search.common import ProblemResult, answer_key, correctness, in_batches
+from grpokit.search.common import ProblemResult, answer_key, candidate_records, correctness, in_batches
 from grpokit.search.decode import Decoder
 
 
@@ -37,12 +37,14 @@ def majority(decoder: Decoder, examples: Sequence, budget: int, *,
     def solve(chunk: Sequence) -> list[ProblemResult]:
         groups = decoder.complete([ex.prompt for ex in chunk], budget)
         picks, extras = [], []
-        for group in groups:
+        records = candidate_records(chunk, groups)
+        for group, candidates in zip(groups, records):
             keys = [answer_key(c.text) for c in group]
             i = vote(keys)
             picks.append(group[0] if i is None else group[i])
             extras.append({"votes": 0 if i is None else keys.count(keys[i]),
-                           "distinct_answers": len({k for k in keys if k is not None})})
+                           "distinct_answers": len({k for k in keys if k is not None}),
+                           "candidates": candidates})
         right = correctness(chunk, [c.text for c in picks])
         return [ProblemResult(c.text, ok, sum(x.tokens for x in group), 0.0, extra)
                 for c, ok, group, extra in zip(picks, right, groups, extras)]

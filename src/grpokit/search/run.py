@@ -103,7 +103,11 @@ class SearchSpec:
 
 
 def _finite(value: Any) -> Any:
-    """JSON has no infinities: a non-finite float is reported as null."""
+    """JSON has no infinities or NaN: a non-finite float is reported as null (inside lists and dicts too)."""
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
