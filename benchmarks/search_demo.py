@@ -108,7 +108,7 @@ def run(args) -> None:
             config = [args.config] if args.config else []
             cmd = ["taskset", "-c", str(args.core), sys.executable, "-m", "grpokit", "eval", *config,
                    "--limit", str(args.limit), "run.progress=false", "--seed", str(args.seed),
-                   "--out", str(out), *policy, *extra]
+                   "--out", str(out), *policy, *args.set, *extra]
             start = time.perf_counter()
             subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
             wall = time.perf_counter() - start
@@ -193,6 +193,8 @@ def main() -> None:
     r.add_argument("--only", nargs="*", default=None,
                    help="run only the rows whose label holds one of these (equal to a label: that row only)")
     r.add_argument("--config", default=None, help="a YAML config (default: the demo)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every row, e.g. rm.precision=bf16 (repeat for more)")
     r.add_argument("--step-separator", default=SEP, help="the step verifier's step end (demo: '. ')")
     t = sub.add_parser("table")
     pl = sub.add_parser("plot")
