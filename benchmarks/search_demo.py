@@ -147,6 +147,10 @@ def plot(args) -> None:
     fig, ax = plt.subplots(figsize=(10, 5))
     markers = "osD^vP*Xhp<>"
     policies = list(dict.fromkeys(policy_of(r) for r in rows))      # colour: the policy
+    most = max(int(r["num_problems"]) for r in rows)
+    for r in rows:      # a row run on fewer problems says so in the legend
+        n = int(r["num_problems"])
+        r["label"] += f" (first {n} problems)" if n < most else ""
     methods = list(dict.fromkeys(r["label"] for r in rows))         # marker: the search
     for r in rows:
         ax.scatter(r["tokens_per_problem"], r["accuracy"], s=45, color=f"C{policies.index(policy_of(r))}",

@@ -108,6 +108,25 @@ def search_table(raw: Path = RESULTS / "search_demo.jsonl") -> str:
     return "\n".join(lines)
 
 
+def same_problems(raw: Path) -> str:
+    """For each smaller problem count in a raw file: every row's accuracy (and pass@N) on those first N
+    problems, from the rows' per-problem records; empty when every row ran the same problems."""
+    rows = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+    sizes = sorted({int(r["num_problems"]) for r in rows})
+    out = ""
+    for n in sizes[:-1]:
+        cells = []
+        for r in rows:
+            if len(r.get("correct_by_problem", [])) < n:
+                continue
+            cell = f"{r['label']} {_pct(sum(r['correct_by_problem'][:n]) / n)}"
+            if "oracle_by_problem" in r:
+                cell += f" (pass@{r['budget']} of its samples {_pct(sum(r['oracle_by_problem'][:n]) / n)})"
+            cells.append(cell)
+        out += f"\n\nOn the first {n} problems, every row on the same problems: " + "; ".join(cells) + "."
+    return out
+
+
 def search_row() -> str:
     """The README's search row: the starting model's greedy, best and best MCTS rows; the trained policy's
     greedy and best, where the raw file has them."""
@@ -155,8 +174,9 @@ def render_tree(text: str) -> str:
                   lambda _: f"{SEARCH_START}\n{search_table()}\n{SEARCH_END}", text, flags=re.S)
     gsm8k = RESULTS / "search_gsm8k.jsonl"
     if gsm8k.is_file():      # SmolLM2-135M-Instruct on GSM8K test (benchmarks/search_demo.py --config)
+        block = search_table(gsm8k) + same_problems(gsm8k)
         text = re.sub(re.escape(GSM8K_START) + ".*?" + re.escape(GSM8K_END),
-                      lambda _: f"{GSM8K_START}\n{search_table(gsm8k)}\n{GSM8K_END}", text, flags=re.S)
+                      lambda _: f"{GSM8K_START}\n{block}\n{GSM8K_END}", text, flags=re.S)
     for start, end, pattern in ((TREE_START, TREE_END, "tree_*.jsonl"),
                                 (MCTS_START, MCTS_END, "mcts_*.jsonl")):
         text = re.sub(re.escape(start) + ".*?" + re.escape(end),
