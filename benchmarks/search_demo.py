@@ -135,8 +135,40 @@ def table(args) -> None:
     print(search_table(Path(args.raw)))
 
 
+def read_on(row: dict, n: int) -> tuple[float, float | None]:
+    """A row's accuracy (and pass@N of its samples) on the first n problems: its own figures when it ran
+    exactly n, else read from its per-problem records."""
+    if int(row["num_problems"]) == n:
+        return row["accuracy"], row.get("oracle_accuracy")
+    oracle = row.get("oracle_by_problem")
+    return sum(row["correct_by_problem"][:n]) / n, (sum(oracle[:n]) / n if oracle else None)
+
+
+def panel(ax, rows: list[dict], n: int, policies: list[str], methods: list[str]) -> None:
+    """One plot panel: every row that covers the first n problems, read on those n."""
+    markers = "osD^vP*Xhp<>"
+    ceiling = None
+    for r in rows:
+        acc, oracle = read_on(r, n)
+        ax.scatter(r["tokens_per_problem"], acc, s=45, color=f"C{policies.index(policy_of(r))}",
+                   marker=markers[methods.index(r["label"]) % len(markers)])
+        if oracle is not None and (ceiling is None or r["budget"] > ceiling[0]):
+            ceiling = (r["budget"], oracle, policy_of(r))
+    if ceiling is not None:      # pass@N: the best any choice of one of the N samples can do
+        ax.axhline(ceiling[1], color="grey", linestyle="--", linewidth=0.8)
+        ax.annotate(f"pass@{ceiling[0]} of {ceiling[2]}", (0, ceiling[1]), fontsize=7, color="grey",
+                    xytext=(4, 3), textcoords="offset points")
+    ax.set_xlim(0, 1.1 * max(r["tokens_per_problem"] for r in rows))
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("generated tokens per problem")
+    ax.set_title(f"first {n} problems" + ("" if all(int(r["num_problems"]) == n for r in rows)
+                                          else " (longer runs read on these)"), fontsize=9)
+    ax.grid(alpha=0.3)
+
+
 def plot(args) -> None:
-    """Accuracy against generated tokens per problem, one point per row of the raw file."""
+    """Accuracy against generated tokens per problem, one point per row of the raw file; where rows ran
+    on different numbers of problems, one panel per number, each row read on that panel's first N."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,37 +176,25 @@ def plot(args) -> None:
     from matplotlib.lines import Line2D
 
     rows = [json.loads(line) for line in Path(args.raw).read_text().splitlines() if line.strip()]
-    fig, ax = plt.subplots(figsize=(10, 5))
-    markers = "osD^vP*Xhp<>"
+    sizes = sorted({int(r["num_problems"]) for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(10 if len(sizes) == 1 else 14, 5), squeeze=False)
     policies = list(dict.fromkeys(policy_of(r) for r in rows))      # colour: the policy
-    most = max(int(r["num_problems"]) for r in rows)
-    for r in rows:      # a row run on fewer problems says so in the legend
-        n = int(r["num_problems"])
-        r["label"] += f" (first {n} problems)" if n < most else ""
     methods = list(dict.fromkeys(r["label"] for r in rows))         # marker: the search
-    for r in rows:
-        ax.scatter(r["tokens_per_problem"], r["accuracy"], s=45, color=f"C{policies.index(policy_of(r))}",
-                   marker=markers[methods.index(r["label"]) % len(markers)])
+    for ax, n in zip(axes[0], sizes):
+        panel(ax, [r for r in rows if int(r["num_problems"]) >= n], n, policies, methods)
+    axes[0][0].set_ylabel("accuracy (one answer per problem)")
+    markers = "osD^vP*Xhp<>"
     by_policy = [Line2D([], [], color=f"C{i}", marker="o", linestyle="", label=name)
                  for i, name in enumerate(policies)]
     by_method = [Line2D([], [], color="grey", marker=markers[i % len(markers)], linestyle="", label=name)
                  for i, name in enumerate(methods)]
-    first = ax.legend(handles=by_policy, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                      title="policy (colour)", title_fontsize=8)
-    ax.add_artist(first)
-    ax.legend(handles=by_method, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0),
-              title="search (marker)", title_fontsize=8)
-    ax.set_xlim(0, 1.1 * max(r["tokens_per_problem"] for r in rows))
-    ax.set_xlabel("generated tokens per problem")
-    ax.set_ylabel("accuracy (one answer per problem)")
-    ceiling = max((r for r in rows if "oracle_accuracy" in r), key=lambda r: r["budget"], default=None)
-    if ceiling is not None:      # pass@N: the best any choice of one of the N samples can do
-        ax.axhline(ceiling["oracle_accuracy"], color="grey", linestyle="--", linewidth=0.8)
-        ax.annotate(f"pass@{ceiling['budget']} of {policy_of(ceiling)}", (0, ceiling["oracle_accuracy"]),
-                    fontsize=7, color="grey", xytext=(4, 3), textcoords="offset points")
-    ax.set_title(f"Search at inference on {args.task}, {int(rows[0]['num_problems'])} held-out problems",
-                 fontsize=10)
-    ax.grid(alpha=0.3)
+    last = axes[0][-1]
+    first = last.legend(handles=by_policy, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                        title="policy (colour)", title_fontsize=8)
+    last.add_artist(first)
+    last.legend(handles=by_method, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0),
+                title="search (marker)", title_fontsize=8)
+    fig.suptitle(f"Search at inference on {args.task}, held-out problems", fontsize=10)
     fig.tight_layout()
     out = ROOT / args.png
     fig.savefig(out, dpi=120, bbox_inches="tight")
