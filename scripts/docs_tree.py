@@ -149,6 +149,27 @@ def search_row() -> str:
             f"problems) | {text} | [search](docs/search.md), `benchmarks/results/search_demo.jsonl` |")
 
 
+def gsm8k_rows() -> list[str]:
+    """The README's GSM8K search row (SmolLM2-135M-Instruct), where search_gsm8k.jsonl exists: each
+    method on the most problems, pass@N of the samples, and the smaller runs on their first N."""
+    path = RESULTS / "search_gsm8k.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    most = max(int(r["num_problems"]) for r in rows)
+    full = [r for r in rows if int(r["num_problems"]) == most]
+    cells = [f"{r['label']} {_pct(r['accuracy'])}" for r in full]
+    ceiling = next((r for r in full if "oracle_accuracy" in r), None)
+    if ceiling is not None:
+        cells.append(f"pass@{ceiling['budget']} of the samples {_pct(ceiling['oracle_accuracy'])}")
+    text = "; ".join(cells)
+    for n in sorted({int(r["num_problems"]) for r in rows} - {most}):
+        mine = [r for r in rows if int(r["num_problems"]) == n]
+        text += f"; on the first {n}: " + ", ".join(f"{r['label']} {_pct(r['accuracy'])}" for r in mine)
+    return [f"| search at inference (SmolLM2-135M-Instruct, GSM8K test, first {most} problems) | {text} | "
+            "[search](docs/search.md), `benchmarks/results/search_gsm8k.jsonl` |"]
+
+
 def tree_rows() -> list[str]:
     """The README's tree rows: each tree_*.jsonl's tree arms against flat."""
     out = []

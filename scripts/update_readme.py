@@ -31,7 +31,13 @@ from grpokit.observe.demo import format_before_after
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # scripts/docs_async.py; ASYNC_START: for the tests
 from docs_async import ASYNC_START, async_row, async_server_row, render_async  # noqa: E402, F401
-from docs_tree import TREE_START, render_tree, search_row, tree_rows  # noqa: E402, F401  (scripts/docs_tree.py)
+from docs_tree import (  # noqa: E402, F401  (scripts/docs_tree.py)
+    TREE_START,
+    gsm8k_rows,
+    render_tree,
+    search_row,
+    tree_rows,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -227,8 +233,8 @@ STATIC_ROWS = [
 
 def headline() -> str:
     """The README's headline table, its measured rows computed from the raw files."""
-    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), search_row(), *tree_rows(), async_row(),
-            async_server_row(), rm_row(),
+    rows = [demo_row(), race_row(), bench_row(), *agents_rows(), search_row(), *gsm8k_rows(), *tree_rows(),
+            async_row(), async_server_row(), rm_row(),
             ppo_row(), *STATIC_ROWS]
     return "\n".join(["| what | result | page, raw rows |", "|---|---|---|", *rows])
 

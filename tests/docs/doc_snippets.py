@@ -198,6 +198,8 @@ SKIPS: list[tuple[str, str]] = [
                                               "method (~30 min); table / plot: its raw rows, redrawn"),
     (r"^grpokit eval .*--search .*--(rm|prm) runs/", "needs a reward model trained by `grpokit rm train` "
                                                     "first (minutes); the `--prm steps` lines run"),
+    (r"^grpokit rm (collect|train) .*runs/gsm8k_search/", "SmolLM2-135M on GSM8K: 20-35 minutes a command on "
+                                                          "one core; its raw rows are search.md's table"),
 ]
 SMOLLM2_REASON = (f"SmolLM2-135M steps take seconds each on one core: model.name_or_path={STANDIN_MODEL} "
                   "appended")
