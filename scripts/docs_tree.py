@@ -163,9 +163,10 @@ def gsm8k_rows() -> list[str]:
     if ceiling is not None:
         cells.append(f"pass@{ceiling['budget']} of the samples {_pct(ceiling['oracle_accuracy'])}")
     text = "; ".join(cells)
-    for n in sorted({int(r["num_problems"]) for r in rows} - {most}):
-        mine = [r for r in rows if int(r["num_problems"]) == n]
-        text += f"; on the first {n}: " + ", ".join(f"{r['label']} {_pct(r['accuracy'])}" for r in mine)
+    for n in sorted({int(r["num_problems"]) for r in rows} - {most}):   # every row read on the first n
+        mine = [r for r in rows if len(r.get("correct_by_problem", [])) >= n]
+        text += f"; on the first {n}: " + ", ".join(
+            f"{r['label']} {_pct(sum(r['correct_by_problem'][:n]) / n)}" for r in mine)
     return [f"| search at inference (SmolLM2-135M-Instruct, GSM8K test, first {most} problems) | {text} | "
             "[search](docs/search.md), `benchmarks/results/search_gsm8k.jsonl` |"]
 
