@@ -134,6 +134,8 @@ def _train_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or not args.learning_rate > 0:
         raise UserError("--epochs and --batch-size must be at least 1 and --learning-rate above 0")
+    if args.max_groups < 0:
+        raise UserError(f"--max-groups must be >= 0 (0: every group), got {args.max_groups}")
     if not 0 <= args.eval_share < 1:
         raise UserError(f"--eval-share must be in [0, 1), got {args.eval_share}: e.g. 0.2 holds out a fifth")
     return args

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from grpokit.search.common import ProblemResult, candidate_records, correctness, in_batches
+from grpokit.search.common import ProblemResult, candidate_records, in_batches
 from grpokit.search.decode import Decoder
 from grpokit.search.scorers import Scorer
 
@@ -33,14 +33,14 @@ def best_of_n(decoder: Decoder, examples: Sequence, budget: int, scorer: Scorer,
         groups = decoder.complete([ex.prompt for ex in chunk], budget)
         scores = scorer([ex.prompt for ex in chunk for _ in range(budget)],
                         [c.text for group in groups for c in group])
-        picks, extras = [], []
-        records = candidate_records(chunk, groups, scores)
+        picks, right, extras = [], [], []
+        records = candidate_records(chunk, groups, scores)     # every sample judged once, here
         for g, group in enumerate(groups):
             mine = scores[g * budget:(g + 1) * budget]
             i = pick_best(mine)
             picks.append(group[i])
+            right.append(records[g][i]["correct"])
             extras.append({"score": mine[i], "pick": i, "candidates": records[g]})
-        right = correctness(chunk, [c.text for c in picks])
         return [ProblemResult(c.text, ok, sum(x.tokens for x in group), 0.0, extra)
                 for c, ok, group, extra in zip(picks, right, groups, extras)]
     return in_batches(examples, budget, solve, progress=progress, desc="search best-of-n")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from grpokit.search.common import ProblemResult, answer_key, candidate_records, correctness, in_batches
+from grpokit.search.common import ProblemResult, candidate_records, in_batches
 from grpokit.search.decode import Decoder
 
 
@@ -36,16 +36,17 @@ def majority(decoder: Decoder, examples: Sequence, budget: int, *,
     """The voted answer of `budget` samples per example."""
     def solve(chunk: Sequence) -> list[ProblemResult]:
         groups = decoder.complete([ex.prompt for ex in chunk], budget)
-        picks, extras = [], []
-        records = candidate_records(chunk, groups)
+        picks, right, extras = [], [], []
+        records = candidate_records(chunk, groups)     # every sample's answer key and correctness, once
         for group, candidates in zip(groups, records):
-            keys = [answer_key(c.text) for c in group]
+            keys = [c["answer"] for c in candidates]
             i = vote(keys)
-            picks.append(group[0] if i is None else group[i])
+            j = 0 if i is None else i
+            picks.append(group[j])
+            right.append(candidates[j]["correct"])
             extras.append({"votes": 0 if i is None else keys.count(keys[i]),
                            "distinct_answers": len({k for k in keys if k is not None}),
                            "candidates": candidates})
-        right = correctness(chunk, [c.text for c in picks])
         return [ProblemResult(c.text, ok, sum(x.tokens for x in group), 0.0, extra)
                 for c, ok, group, extra in zip(picks, right, groups, extras)]
     return in_batches(examples, budget, solve, progress=progress, desc="search majority")
