@@ -30,22 +30,23 @@ RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs"
 
 
-def _tag(name: str, tool: bool, seed: int) -> str:
-    return f"agents_{name}{'' if tool else '_notool'}_seed{seed}"
+def _tag(name: str, tool: bool, seed: int, variant: str = "") -> str:
+    return f"agents_{name}{'' if tool else '_notool'}{f'_{variant}' if variant else ''}_seed{seed}"
 
 
-def run(name: str, seed: int, tool: bool, core: int) -> None:
-    out = ROOT / "runs" / "agents" / _tag(name, tool, seed)
+def run(name: str, seed: int, tool: bool, core: int, overrides: list[str], variant: str) -> None:
+    """One seed's run; `overrides` (KEY=VALUE) change the config, and their rows carry `variant`'s tag."""
+    tag = _tag(name, tool, seed, variant)
+    out = ROOT / "runs" / "agents" / tag
     cmd = ["taskset", "-c", str(core), sys.executable, "-m", "grpokit", "train",
            f"configs/agents_{name}.yaml", f"run.seed={seed}", f"run.output_dir={out}", "run.progress=false",
-           "run.overwrite=true"]
+           "run.overwrite=true", *overrides]
     if not tool:
         cmd.append("rollout.environment=null")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     start = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
     wall = time.perf_counter() - start
-    tag = _tag(name, tool, seed)
     for kind in ("eval", "metrics"):
         shutil.copy(out / f"{kind}.jsonl", RESULTS / f"{tag}_{kind}.jsonl")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
@@ -126,11 +127,16 @@ def main() -> int:
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
     r.add_argument("--no-tool", action="store_true", help="the same config without the environment")
     r.add_argument("--core", type=int, default=1)
+    r.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="config overrides, e.g. optim.lr_scheduler_type=linear run.max_steps=300")
+    r.add_argument("--variant", default="", help="a tag for runs with --set: agents_<name>_<variant>_seed<S>")
     sub.add_parser("report")
     args = p.parse_args()
     if args.what == "run":
+        if args.overrides and not args.variant:
+            p.error("--set changes the config: name the variant with --variant NAME (its rows keep that tag)")
         for seed in args.seeds:
-            run(args.name, seed, not args.no_tool, args.core)
+            run(args.name, seed, not args.no_tool, args.core, args.overrides, args.variant)
         return 0
     for name, key, label, minutes in (("calculator", "accuracy", "accuracy", 10),
                                       ("guess_number", "rewards/GuessNumber", "success", 10),

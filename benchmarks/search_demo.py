@@ -65,18 +65,18 @@ def settings(rm: str | None, prm: str | None, budget: int, sep: str = SEP) -> li
             (f"majority@{b}", ["--search", "majority", "--budget", b]),
             (f"majority@{b}, T=0.5", ["--search", "majority", "--budget", b, "rollout.temperature=0.5"]),
             (f"best-of-{b}, step verifier (min)", ["--search", "best-of-n", "--budget", b, "--prm", "steps",
-                                                   "--step-separator", SEP])]
+                                                   "--step-separator", sep])]
     if rm:
         rows.append((f"best-of-{b}, outcome RM", ["--search", "best-of-n", "--budget", b, "--rm", rm]))
     if prm:
         rows.append((f"best-of-{b}, PRM (min)", ["--search", "best-of-n", "--budget", b, "--prm", prm]))
     rows.append(("beam 4x2, step verifier (min)", ["--search", "beam", "--budget", "4", "--expand", "2",
-                                                   "--prm", "steps", "--step-separator", SEP]))
+                                                   "--prm", "steps", "--step-separator", sep]))
     if prm:
         rows.append(("beam 4x2, PRM (min)", ["--search", "beam", "--budget", "4", "--expand", "2",
                                              "--prm", prm]))
     rows.append((f"mcts {b} sims, step verifier (min)", ["--search", "mcts", "--budget", b, "--expand", "2",
-                                                         "--prm", "steps", "--step-separator", SEP]))
+                                                         "--prm", "steps", "--step-separator", sep]))
     if prm:
         rows.append((f"mcts {b} sims, PRM (min, sigmoid)", ["--search", "mcts", "--budget", b, "--expand",
                                                             "2", "--prm", prm, "rm.transform=sigmoid"]))

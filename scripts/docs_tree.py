@@ -90,6 +90,13 @@ def policy_of(row: dict) -> str:
     return row.get("policy", "starting model (builtin:arith-demo)")
 
 
+def _labels(rows: list[dict]) -> list[str]:
+    """Each row's label; where a file's rows split steps at different separators, with its separator."""
+    many = len({r["step_separator"] for r in rows if r.get("step_separator")}) > 1
+    return [r["label"] + (f" (steps end at `{r['step_separator']!r}`)" if many and r.get("step_separator")
+                          else "") for r in rows]
+
+
 def search_table(raw: Path = RESULTS / "search_demo.jsonl") -> str:
     """docs/search.md's search-at-inference table: every row of a raw file (default search_demo.jsonl);
     where rows keep oracle_accuracy (pass@N of the samples), a column for it."""
@@ -98,9 +105,9 @@ def search_table(raw: Path = RESULTS / "search_demo.jsonl") -> str:
     lines = ["| policy | search | accuracy | " + ("pass@N of its samples | " if oracle else "")
              + "generated tokens / problem | wall s (search) | problems | commit, date |",
              "|---|---|---|---|---|---|---|" + ("---|" if oracle else "")]
-    for r in rows:
+    for r, label in zip(rows, _labels(rows)):
         cell = (f" {r['oracle_accuracy']:.3f} |" if "oracle_accuracy" in r else " |") if oracle else ""
-        lines.append(f"| {policy_of(r)} | {r['label']} | {r['accuracy']:.3f} |{cell} "
+        lines.append(f"| {policy_of(r)} | {label} | {r['accuracy']:.3f} |{cell} "
                      f"{r['tokens_per_problem']:.1f} | {r['seconds']:.1f} | {int(r['num_problems'])} "
                      f"| {r['commit']}, {r['date'][:10]} |")
     first = rows[0]
@@ -116,10 +123,10 @@ def same_problems(raw: Path) -> str:
     out = ""
     for n in sizes[:-1]:
         cells = []
-        for r in rows:
+        for r, label in zip(rows, _labels(rows)):
             if len(r.get("correct_by_problem", [])) < n:
                 continue
-            cell = f"{r['label']} {_pct(sum(r['correct_by_problem'][:n]) / n)}"
+            cell = f"{label} {_pct(sum(r['correct_by_problem'][:n]) / n)}"
             if "oracle_by_problem" in r:
                 cell += f" (pass@{r['budget']} of its samples {_pct(sum(r['oracle_by_problem'][:n]) / n)})"
             cells.append(cell)

@@ -41,6 +41,12 @@ def step_ended(text: str, separator: str) -> bool:
     return False
 
 
+def step_over(tokenizer, eos_ids, ids: list[int], separator: str | None) -> bool:
+    """Whether a step whose ids are `ids` has ended: at EOS, or (separator given) at a step separator."""
+    return ids[-1] in eos_ids or (separator is not None and step_ended(
+        tokenizer.decode(ids, skip_special_tokens=True), separator))
+
+
 class StepStop:
     """A turn driver (`grpokit.rollout.turns.TurnDriver`) that ends each row after one reasoning step.
 
@@ -65,8 +71,7 @@ class StepStop:
         for r in rows:
             n = column + 1
             ids = tokens[r, :n].tolist()
-            if ids[-1] in self.eos or n >= self.limits[r] or (self.separator is not None and step_ended(
-                    self.tokenizer.decode(ids, skip_special_tokens=True), self.separator)):
+            if n >= self.limits[r] or step_over(self.tokenizer, self.eos, ids, self.separator):
                 self.lengths[r] = n
                 done.append(r)
         return {}, done
