@@ -10,6 +10,7 @@ TREE_START, TREE_END = "<!-- tree-results:start -->", "<!-- tree-results:end -->
 SEARCH_START, SEARCH_END = "<!-- search-results:start -->", "<!-- search-results:end -->"
 GSM8K_START, GSM8K_END = "<!-- search-gsm8k:start -->", "<!-- search-gsm8k:end -->"
 MCTS_START, MCTS_END = "<!-- mcts-results:start -->", "<!-- mcts-results:end -->"
+BEAM_START, BEAM_END = "<!-- beam-cache:start -->", "<!-- beam-cache:end -->"
 MCTS_PARTS = {"w": "width {}", "b": "budget {} tokens", "s": "step-verifier value"}
 
 
@@ -196,6 +197,30 @@ def tree_rows() -> list[str]:
     return out
 
 
+def beam_cache_table(raw: Path = RESULTS / "beam_cache.jsonl") -> str:
+    """docs/search.md's kept-cache measurement (benchmarks/beam_cache.py): per path, seconds per problem,
+    ms per generated token and prefill tokens, over the problems whose rows carry no note (a note says
+    the core was shared), and the ratio of the readable path's ms per token to the kept path's."""
+    rows = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+    clean = [r for r in rows if "note" not in r]
+    lines = ["| path | problems | s / problem | generated tokens / problem | ms / generated token | "
+             "prefill tokens / problem |", "|---|---|---|---|---|---|"]
+    per_token = {}
+    for path, name in (("kept", "kept cache"), ("readable", "readable (re-prefill each round)")):
+        rs = [r for r in clean if r["path"] == path]
+        s, t = sum(r["seconds"] for r in rs), sum(r["tokens"] for r in rs)
+        per_token[path] = 1000 * s / t
+        lines.append(f"| {name} | {len(rs)} | {s / len(rs):.1f} | {t / len(rs):.0f} | "
+                     f"{per_token[path]:.1f} | {sum(r['prefill_tokens'] for r in rs) / len(rs):.0f} |")
+    r0, noted = rows[0], len({r["problem"] for r in rows if "note" in r})
+    lines += ["", f"{r0['model']}, {r0['task']}, beam {r0['budget']}x{r0['expand']} (step verifier, steps end "
+              f"at `{r0['step_separator']!r}`), {r0['cpu']}, {r0['threads']} thread, {r0['commit']}, "
+              f"{r0['date'][:10]}: the kept cache decodes a generated token "
+              f"{per_token['readable'] / per_token['kept']:.2f}x faster"
+              + (f" ({noted} problem left out: its rows note a shared core)" if noted else "") + "."]
+    return "\n".join(lines)
+
+
 def render_tree(text: str) -> str:
     """docs/search.md with its generated blocks redrawn: the search tables (search_demo.jsonl and
     search_gsm8k.jsonl), the tree tables (tree_*.jsonl) and the MCTS tables (mcts_*.jsonl)."""
@@ -206,6 +231,9 @@ def render_tree(text: str) -> str:
         block = search_table(gsm8k) + same_problems(gsm8k)
         text = re.sub(re.escape(GSM8K_START) + ".*?" + re.escape(GSM8K_END),
                       lambda _: f"{GSM8K_START}\n{block}\n{GSM8K_END}", text, flags=re.S)
+    if (RESULTS / "beam_cache.jsonl").is_file():
+        text = re.sub(re.escape(BEAM_START) + ".*?" + re.escape(BEAM_END),
+                      lambda _: f"{BEAM_START}\n{beam_cache_table()}\n{BEAM_END}", text, flags=re.S)
     for start, end, pattern in ((TREE_START, TREE_END, "tree_*.jsonl"),
                                 (MCTS_START, MCTS_END, "mcts_*.jsonl")):
         text = re.sub(re.escape(start) + ".*?" + re.escape(end),

@@ -154,11 +154,14 @@ def _agent_records(name: str) -> list[dict]:
     return out
 
 
+DECAY = "with the tool, learning rate decayed linearly to 0 over 300 steps (no time limit)"
+
+
 def agents_table(name: str, key: str, label: str) -> str:
     """One row per run of an agents demonstration (with the tool and, where run, without)."""
     lines = [f"| run | seed | {label} before | {label} after | change | turns | tool calls per problem | "
              "steps | training s | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for kind, suffix in (("with the tool", ""), ("without", "_notool")):
+    for kind, suffix in (("with the tool", ""), ("without", "_notool"), (DECAY, "_decay")):
         for r in _agent_records(f"agents_{name}{suffix}"):
             b, a = r["before"], r["after"]
             lines.append(f"| {kind} | {r['seed']} | {_pct(b[key])} | {_pct(a[key])} | "

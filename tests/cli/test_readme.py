@@ -128,3 +128,12 @@ def test_bench_record_keeps_the_rows_with_how_they_were_measured():
     rows = mod.records(lines, {"command": "grpokit bench ...", "commit": "abc", "date": "2026-12-04"})
     assert len(rows) == 2 and rows[0]["side"] == "grpokit" and rows[0]["commit"] == "abc"
     assert rows[1]["compare"]["ratio_trl_over_grpokit_s_per_step"] == 2.5 and rows[1]["micro_batch_size"] == 8
+
+
+def test_the_beam_cache_figures_come_from_their_raw_rows():
+    mod = _generator()
+    page = (ROOT / "docs" / "search.md").read_text(encoding="utf-8")
+    block = page[page.index("<!-- beam-cache:start -->"):page.index("<!-- beam-cache:end -->")]
+    figure = block.split("x faster")[0].rsplit(" ", 1)[1]               # the per-token ratio, e.g. 3.34
+    edited = page.replace(block, block.replace(f"{figure}x faster", f"9{figure}x faster"))
+    assert edited != page and mod.render_tree(edited) == page            # an edited figure is put back

@@ -92,7 +92,7 @@ def search_one_kept(decoder: Decoder, prompt, width: int, expand: int, scorer: S
     head, limit, r = decoder.prompt_ids(prompt), decoder.max_new_tokens, decoder.cfg.rollout
     rows = kept_cache.KeptRows(decoder.model, head, width * expand, limit)
     beams, cost = [Beam([], 0.0, False)], {"tokens": 0, "prefill_tokens": len(head), "rounds": 0}
-    logits = rows.first.expand(width * expand, -1)                       # round 0: the prompt's rows
+    logits = rows.first.repeat(width * expand, 1)                        # round 0: the prompt's rows
     while any(not b.done for b in beams):
         live = [b for b in beams if not b.done]
         per_beam = expand * width if cost["rounds"] == 0 else expand
