@@ -270,6 +270,92 @@ def gsm8k_vs_trl() -> str:
     )
 
 
+def _trained(tag: str) -> tuple[int, float, str]:
+    """(steps, median s/step, 'right of sampled') of a GSM8K run's metrics (32 completions a step)."""
+    m = rows(f"gsm8k_smollm2_{tag}_metrics.jsonl")
+    right = round(sum(r["accuracy"] for r in m) * 32)
+    return len(m), statistics.median(r["time/step"] for r in m), f"{right} of {32 * len(m)}"
+
+
+def _greedy_and_sampled(e: dict) -> list[str]:
+    n = e["num_problems"]
+    return [f"{pct(e['accuracy'])} ({round(e['accuracy'] * n)})", pct(e["format_rate"]),
+            f"{e['completion_length_mean']:.1f}", f"{100 * e['pass@1']:.2f}%",
+            f"{pct(e['pass@8'])} ({round(e['pass@8'] * n)} of {n:.0f})", pct(e["sampled_format_rate"]),
+            f"{e['sampled_completion_length_mean']:.0f}"]
+
+
+PASSK_HEAD = ["greedy accuracy", "greedy format", "greedy length", "pass@1 (sampled)", "pass@8",
+              "sampled format rate", "sampled length"]
+
+
+def passk(which: str) -> str:
+    """pass@8 before and after seed 2's 30 minutes, on the 500 test problems or the first 40."""
+    out = [[label, *_greedy_and_sampled(load(f"gsm8k_smollm2_pass8_{which}_{tag}.json"))]
+           for label, tag in (("SmolLM2-135M-Instruct (before)", "before"),
+                              ("seed 2 after 30 minutes (12 steps)", "seed2_after"))]
+    return table(["model", *PASSK_HEAD], out)
+
+
+def seeds_s30() -> str:
+    """Seeds 0 / 1 / 2, 30 minutes on one core each, then greedy and 8 samples on the 500 test problems."""
+    out = [["starting model", "-", "-", *_greedy_and_sampled(load("gsm8k_smollm2_pass8_500_before.json"))]]
+    for seed, tag, after in ((0, "rule_seed0_30min_1thread_s30", "seed0_30min_1thread_after"),
+                             (1, "rule_seed1_30min_1thread_s30", "seed1_30min_1thread_after"),
+                             ("2 (above)", "rule_seed2_30min_1thread", "seed2_after")):
+        steps, med, right = _trained(tag)
+        out.append([seed, f"{steps} ({med:.1f})", right,
+                    *_greedy_and_sampled(load(f"gsm8k_smollm2_pass8_500_{after}.json"))])
+    return table(["seed", "steps (median s/step)", "right samples in training", *PASSK_HEAD], out)
+
+
+def ablations() -> str:
+    """Seed 2, 30 minutes, one change each; greedy on the first 100 test problems."""
+    out = []
+    for label, tag in (("shipped (G 8, B 4, 256 tokens, lr 1e-5, full)", "rule_seed2_30min_1thread"),
+                       ("G 16, B 2", "ablation_g16_seed2_30min_1thread"),
+                       ("400 new tokens", "ablation_len400_seed2_30min_1thread"),
+                       ("lr 5e-6", "ablation_lr5e6_seed2_30min_1thread"),
+                       ("LoRA r 16 on all 7 projections, lr 1e-4", "ablation_lora_seed2_30min_1thread")):
+        steps, med, right = _trained(tag)
+        e = load(f"gsm8k_smollm2_{tag}_eval100.json")
+        out.append([label, steps, f"{med:.1f}", right, pct(e["accuracy"]), pct(e["format_rate"]),
+                    f"{e['completion_length_mean']:.1f}", f"{100 * e['frac_truncated']:.0f}%"])
+    return table(["run", "steps", "median s/step", "right samples", "acc. (100)", "format (100)",
+                  "length (100)", "cut"], out)
+
+
+def prompt_buckets() -> str:
+    """Micro-batches planned by total length against prompt-aware ones (benchmarks/prompt_buckets.py)."""
+    sides = [r for r in rows("gsm8k_smollm2_prompt_buckets.jsonl") if "side" in r]
+    out = []
+    for side, label in (("length", "by total length (before)"), ("prompt", "prompt-aware (now)")):
+        rs = sorted((r for r in sides if r["side"] == side), key=lambda r: r["round"])
+        out.append([label, rs[0]["micro_batches"], f"{rs[0]['token_slots']:,}",
+                    ", ".join(f"{r['ref_s']:.1f}" for r in rs),
+                    ", ".join(f"{r['update_s']:.1f}" for r in rs)])
+    return table(["plan", "micro-batches", "token-slots", "reference pass (s, rounds 1, 2)",
+                  "policy update (s, rounds 1, 2)"], out)
+
+
+def race_2threads() -> str:
+    """The 2-thread race: grpokit's hour against TRL's 50 steps, read at step 50 and at TRL's seconds."""
+    sides = []
+    trl = "arith_trl_t1_lr1e5_seed0_50steps"
+    for label, name in (("grpokit", ARITH), ("TRL 1.16 GRPOTrainer (bf16 default)", trl)):
+        m, evals = rows(f"{name}_metrics.jsonl"), rows(f"{name}_eval.jsonl")
+        seconds = [sum(r["time/step"] for r in m[:k]) for k in range(len(m) + 1)]
+        sides.append((label, m, {e["step"]: (e["accuracy"], seconds[e["step"]]) for e in evals}, seconds[-1]))
+    budget = sides[1][3]
+    out = []
+    for label, m, at, total in sides:
+        within = [f"{pct(a)} (step {k})" for k, (a, t) in at.items() if t <= budget and k]
+        out.append([label, len(m), f"{total:.0f}", f"{statistics.median(r['time/step'] for r in m):.2f}",
+                    f"{pct(at[50][0])} ({at[50][1]:.0f} s)", "; ".join(within[-2:])])
+    return table(["", "steps", "training seconds", "s/step (median)", "held-out accuracy at step 50",
+                  f"evaluations within {budget:.0f} s of training (last two)"], out)
+
+
 BLOCKS = {
     "real_model.md": {
         "real-gsm8k-vs-trl": gsm8k_vs_trl,
@@ -277,5 +363,11 @@ BLOCKS = {
         "real-arith-curve": arith_curve,
         "real-race": race,
         "real-gsm8k-seeds": gsm8k_seeds,
+    "real-ablations": ablations,
+    "real-pass8-500": lambda: passk("500"),
+    "real-pass8-40": lambda: passk("first40"),
+    "real-seeds-s30": seeds_s30,
+    "real-prompt-buckets": prompt_buckets,
+    "real-race-2threads": race_2threads,
     }
 }

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # scripts/docs_async.py; ASYNC_START: for the tests
 from docs_async import ASYNC_START, async_row, async_server_row, render_async  # noqa: E402, F401
 from docs_bench import BLOCKS as BENCH  # noqa: E402  (scripts/docs_bench.py)
+from docs_gains import BLOCKS as GAINS  # noqa: E402  (scripts/docs_gains.py)
 from docs_measured import BLOCKS as MEASURED  # noqa: E402  (scripts/docs_measured.py)
 from docs_measured import render as render_measured  # noqa: E402
 from docs_real import BLOCKS as REAL  # noqa: E402  (scripts/docs_real.py)
@@ -397,7 +398,7 @@ if __name__ == "__main__":
                      ("search.md", render_tree)):
         doc = ROOT / "docs" / name
         doc.write_text(fn(doc.read_text(encoding="utf-8")), encoding="utf-8")
-    for blocks in (MEASURED, BENCH, REAL):
+    for blocks in (MEASURED, BENCH, REAL, GAINS):
         for name in blocks:
             doc = ROOT / "docs" / name
             doc.write_text(render_measured(name, doc.read_text(encoding="utf-8"), blocks), encoding="utf-8")

@@ -131,10 +131,11 @@ def test_bench_record_keeps_the_rows_with_how_they_were_measured():
 
 
 def _measured_blocks():
-    """(page, block name, blocks) for every generated block of scripts/docs_measured.py, docs_bench.py and
-    docs_real.py."""
+    """(page, block name, blocks) for every generated block of scripts/docs_measured.py, docs_bench.py,
+    docs_real.py and docs_gains.py."""
     mod = _generator()
-    return [(page, name, blocks) for blocks in (mod.MEASURED, mod.BENCH, mod.REAL) for page in blocks
+    return [(page, name, blocks) for blocks in (mod.MEASURED, mod.BENCH, mod.REAL, mod.GAINS)
+            for page in blocks
             for name in blocks[page]]
 
 
