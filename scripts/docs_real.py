@@ -356,6 +356,21 @@ def race_2threads() -> str:
                   f"evaluations within {budget:.0f} s of training (last two)"], out)
 
 
+def seed2_beside_trl() -> str:
+    """Seed 2 with TRL's first attempt beside it: steps in the budget, the first steps, the peak RSS."""
+    out = []
+    for label, tag in (("grpokit (bf16 mixed)", "gsm8k_smollm2_rule_seed2_30min_1thread"),
+                       ("TRL 1.16 GRPOTrainer (its bf16 default)", "gsm8k_trl_seed2_30min_1thread")):
+        m = rows(f"{tag}_metrics.jsonl")
+        med = statistics.median(r["time/step"] for r in m)
+        median = f"{med:.1f}{_median_phases(m)}" if len(m) > 2 else "-"
+        out.append([label, f"{len(m)} logged in {sum(r['time/step'] for r in m):.0f} s",
+                    " / ".join(f"{r['time/step']:.1f}" for r in m[:2]), median,
+                    _max_rss_gib(f"{tag}_time_v.txt")])
+    return table(["side", "steps in the budget", "s/step, steps 1 / 2", "median s/step",
+                  "peak RSS (`/usr/bin/time -v`)"], out)
+
+
 BLOCKS = {
     "real_model.md": {
         "real-gsm8k-vs-trl": gsm8k_vs_trl,
@@ -369,5 +384,6 @@ BLOCKS = {
     "real-seeds-s30": seeds_s30,
     "real-prompt-buckets": prompt_buckets,
     "real-race-2threads": race_2threads,
+    "real-seed2-beside-trl": seed2_beside_trl,
     }
 }
