@@ -213,8 +213,8 @@ def beam_cache_table(raw: Path = RESULTS / "beam_cache.jsonl") -> str:
         lines.append(f"| {name} | {len(rs)} | {s / len(rs):.1f} | {t / len(rs):.0f} | "
                      f"{per_token[path]:.1f} | {sum(r['prefill_tokens'] for r in rs) / len(rs):.0f} |")
     r0, noted = rows[0], len({r["problem"] for r in rows if "note" in r})
-    lines += ["", f"{r0['model']}, {r0['task']}, beam {r0['budget']}x{r0['expand']} (step verifier, steps end "
-              f"at `{r0['step_separator']!r}`), {r0['cpu']}, {r0['threads']} thread, {r0['commit']}, "
+    lines += ["", f"{r0['model']}, {r0['task']}, beam {r0['budget']}x{r0['expand']} (step verifier, steps "
+              f"end at `{r0['step_separator']!r}`), {r0['cpu']}, {r0['threads']} thread, {r0['commit']}, "
               f"{r0['date'][:10]}: the kept cache decodes a generated token "
               f"{per_token['readable'] / per_token['kept']:.2f}x faster"
               + (f" ({noted} problem left out: its rows note a shared core)" if noted else "") + "."]

@@ -137,3 +137,34 @@ def test_the_beam_cache_figures_come_from_their_raw_rows():
     figure = block.split("x faster")[0].rsplit(" ", 1)[1]               # the per-token ratio, e.g. 3.34
     edited = page.replace(block, block.replace(f"{figure}x faster", f"9{figure}x faster"))
     assert edited != page and mod.render_tree(edited) == page            # an edited figure is put back
+
+
+def _measured_blocks():
+    """(page, block name, blocks) for every generated block of scripts/docs_measured.py, docs_bench.py,
+    docs_real.py and docs_gains.py."""
+    mod = _generator()
+    return [(page, name, blocks) for blocks in (mod.MEASURED, mod.BENCH, mod.REAL, mod.GAINS)
+            for page in blocks
+            for name in blocks[page]]
+
+
+def test_every_measured_block_is_generated_from_its_raw_files():
+    mod = _generator()
+    blocks = _measured_blocks()
+    assert len(blocks) >= 30
+    for page, name, table in blocks:
+        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        assert f"<!-- {name}:start -->" in text, f"docs/{page} has lost the markers of {name}"
+        assert mod.render_measured(page, text, table) == text, "run: python scripts/update_readme.py"
+
+
+def test_one_edited_figure_in_any_measured_block_fails_the_check():
+    mod = _generator()
+    for page, name, table in _measured_blocks():
+        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        start = text.index(f"<!-- {name}:start -->")
+        body_end = text.index(f"<!-- {name}:end -->")
+        figure = re.compile(r"\d+\.\d+|\d{2,}").search(text, start + len(name) + 15, body_end)
+        assert figure, f"{name}: no figure in the block"
+        edited = text[:figure.start()] + "9" + text[figure.start():]
+        assert mod.render_measured(page, edited, table) == text, f"{name}: an edited figure is not put back"
