@@ -39,7 +39,8 @@ from grpokit.search.decode import Decoder, step_over
 from grpokit.search.scorers import Scorer
 
 # Keep each problem's KV cache across rounds (the lean decoder's models; others take the readable path).
-# SmolLM2-135M-Instruct, GSM8K, beam 4 x 2, one core: see docs/search.md (benchmarks/beam_cache.py).
+# SmolLM2-135M-Instruct, GSM8K, beam 4 x 2, one core: 14.8 against 49.4 ms a generated token, 3.34x
+# (benchmarks/beam_cache.py; docs/search.md).
 KEEP_CACHE = True
 
 
