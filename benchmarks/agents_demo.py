@@ -7,7 +7,8 @@
     python benchmarks/agents_demo.py report                                 # tables + docs/agents_*.png
 
 Each run is `grpokit train configs/agents_<name>.yaml run.seed=S` pinned to one core
-(`OMP_NUM_THREADS=1 taskset -c 1`), training for its config's run.max_minutes (10; SmolLM2's 60),
+(`OMP_NUM_THREADS=1 taskset -c 1`), training for its config's budget (the calculator 10 minutes, SmolLM2's
+60, guess-the-number 600 steps with the learning rate decayed to 0),
 evaluations off the clock; its eval.jsonl and metrics.jsonl are copied to
 benchmarks/results/agents_<name>[_notool]_seed<S>_*.jsonl with the run's wall time, command, commit, CPU
 and date (_wall.json), and `report` reads only those files.
@@ -26,6 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from docs_agents import agents_table  # noqa: E402  (scripts/docs_agents.py: the docs' tables)
+
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs"
 
@@ -78,26 +82,7 @@ def _runs(name: str, tool: bool) -> list[tuple[int, list[dict], list[dict], floa
     return out
 
 
-def table(name: str, key: str, label: str) -> str:
-    """One markdown row per run: the key before and after, turns and tool calls per trajectory before and
-    after, steps, train and wall time."""
-    lines = [f"| run | seed | {label} before | {label} after | change | turns before -> after | "
-             "tool calls before -> after | steps | training s | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for tool in (True, False):
-        for seed, evals, metrics, wall in _runs(name, tool):
-            b = next(r for r in evals if r["tag"] == "before")
-            a = next(r for r in evals if r["tag"] == "after")
-            trained = sum(r.get("time/step", 0.0) for r in metrics)
-            turns = f"{b.get('turns_mean', 1):.2f} -> {a.get('turns_mean', 1):.2f}"
-            lines.append(f"| {'tool' if tool else 'no tool'} | {seed} | {100 * b[key]:.1f}% | "
-                         f"{100 * a[key]:.1f}% | {100 * (a[key] - b[key]):+.1f} pt | {turns} | "
-                         f"{b.get('tool_calls_mean', 0):.2f} -> {a.get('tool_calls_mean', 0):.2f} | "
-                         f"{a['step']} | {trained:.0f} | {wall:.0f} |")
-    return "\n".join(lines)
-
-
-def figure(name: str, key: str, label: str, minutes: int = 10) -> Path:
+def figure(name: str, key: str, label: str, budget: str) -> Path:
     """The key of every evaluation against the training step, one line per run."""
     import matplotlib
     matplotlib.use("Agg")
@@ -108,7 +93,7 @@ def figure(name: str, key: str, label: str, minutes: int = 10) -> Path:
         for seed, evals, _, _ in _runs(name, tool):
             ax.plot([r["step"] for r in evals], [100 * r[key] for r in evals], style, marker="o", ms=3,
                     label=f"{'tool' if tool else 'no tool'}, seed {seed}")
-    ax.set_xlabel(f"GRPO step ({minutes} minutes of training, one core)")
+    ax.set_xlabel(f"GRPO step ({budget}, one core)")
     ax.set_ylabel(f"held-out {label} (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
@@ -138,12 +123,13 @@ def main() -> int:
         for seed in args.seeds:
             run(args.name, seed, not args.no_tool, args.core, args.overrides, args.variant)
         return 0
-    for name, key, label, minutes in (("calculator", "accuracy", "accuracy", 10),
-                                      ("guess_number", "rewards/GuessNumber", "success", 10),
-                                      ("calculator_smollm2", "accuracy", "accuracy", 60)):
+    for name, key, label, budget in (("calculator", "accuracy", "accuracy", "10 minutes of training"),
+                                     ("guess_number", "rewards/GuessNumber", "success",
+                                      "600 steps, learning rate decayed linearly to 0"),
+                                     ("calculator_smollm2", "accuracy", "accuracy", "60 minutes")):
         if _runs(name, True):
-            path = figure(name, key, label, minutes)
-            print(f"## {name}\n\n{table(name, key, label)}\n\nfigure: {path}\n")
+            path = figure(name, key, label, budget)
+            print(f"## {name}\n\n{agents_table(name, key, label)}\n\nfigure: {path}\n")
     return 0
 
 
