@@ -11,7 +11,7 @@ PHASES = ("generate", "ref_forward", "policy_fwd_bwd", "optimizer")
 
 def _meta(r: dict) -> str:
     machine = r.get("cpu") or r.get("machine")
-    threads = f", {r['threads']} thread(s)" if "threads" in r else ""
+    threads = f", {r['threads']} thread{'s' if r['threads'] > 1 else ''}" if "threads" in r else ""
     return f"`{r['command']}`, commit {r['commit']}, {machine}{threads}, {r['date']}"
 
 
@@ -67,8 +67,11 @@ def passes() -> str:
             ],
             out,
         )
-        + "\n\nEach row one run: "
-        + "; ".join(dict.fromkeys(_meta(r) for r in runs))
+        + "\n\nEach row one run of `"
+        + runs[0]["command"].replace("--size tiny --precision fp32", "--size S --precision P")
+        + "`, SmolLM2 with `--model smollm2-135m-instruct` for `--size S` (each row's command is in its raw "
+        + "row); "
+        + "; ".join(dict.fromkeys(f"commit {r['commit']}, {r['machine']}, {r['date']}" for r in runs))
         + ". Raw rows: `benchmarks/results/precision_passes.jsonl`."
     )
 
