@@ -287,26 +287,22 @@ S25 = [
         "smollm2_64_fixed_s25_best_mb8_vs_trl_default_run2.jsonl",
     ),
     (
-        "the same, an earlier run (its grpokit round 1 shared "
-        "the machine with a plot and a test for ~1 minute)",
+        "the same, an earlier run (its grpokit round 1 shared the machine with a plot and a test)",
         "smollm2_64_fixed_s25_best_mb8_vs_trl_default.jsonl",
     ),
     (
-        "the same, 2026-12-03, with `fast.master_grads` (bf16 peak 391-419 GFLOP/s that day, not 793-935)",
+        "the same, 2026-12-03, with `fast.master_grads` (that day's bf16 peak: the phases table)",
         "smollm2_64_fixed_s26_best_mb8_vs_trl_default.jsonl",
     ),
     (
-        "the same, 2026-12-03 (later), with `SiluMulDown` and "
-        "the head's sliced gradient add (bf16 peak 385-423 "
-        "GFLOP/s)",
+        "the same, 2026-12-03 (later), with `SiluMulDown` and the head's sliced gradient add",
         "smollm2_64_fixed_s27_best_mb8_vs_trl_default.jsonl",
     ),
 ]
 SUMMARY = [
     (
         f"bf16, `--micro-batch-size 8` ({MB8}), with `SiluMulDown` "
-        "and the head's sliced gradient add (2026-12-03, "
-        "later; bf16 peak 385-423 GFLOP/s)",
+        "and the head's sliced gradient add (2026-12-03, later)",
         "smollm2_64_fixed_s27_best_mb8_vs_trl_default.jsonl",
     ),
     (

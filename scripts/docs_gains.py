@@ -51,8 +51,54 @@ def natural_lengths() -> str:
                     f"{statistics.mean(r['s_per_step'] for r in runs):.2f} ({each})",
                     *(f"{v:.2f}" for v in phase.values()), f"{max(r['peak_rss_mib'] for r in runs):.0f}",
                     f"`{name}`"])
+    tokens = [float(r[1]) for r in out]
+    secs = [float(r[2].split()[0]) for r in out]
     return table(["run", "completion tokens", "s/step (two runs)", "generate", "ref forward",
-                  "policy fwd+bwd", "peak RSS MiB", "raw lines"], out)
+                  "policy fwd+bwd", "peak RSS MiB", "raw lines"], out) + (
+        f"\n\nWith {100 * tokens[1] / tokens[0]:.0f}% of the fixed-128 batch's tokens, the spread batch "
+        f"costs {100 * secs[1] / secs[0]:.0f}% of its time; the fixed-34 batch, the same tokens without the "
+        f"spread, {100 * secs[2] / secs[0]:.0f}%.")
 
 
-BLOCKS = {"performance.md": {"perf-fast-gains": fast_gains, "perf-natural-lengths": natural_lengths}}
+SMOLLM2_GAINS = [  # (what was switched off, raw file, its variant key)
+    ("the training passes' attention through SDPA instead of `fast.small_attention`",
+     "fast_gains_smollm2_small_attention.json", "small_attention"),
+    ("`fast.master_grads`, its first form (embedding rows only)", "fast_gains_smollm2_embedding_rows.json",
+     "embedding_rows"),
+    ("`fast.master_grads` (embedding rows and the bf16 head)", "fast_gains_smollm2_master_grads.json",
+     "master_grads"),
+    ("the same in-place add for every linear layer too (taken out)",
+     "fast_gains_smollm2_master_grads_with_linears.json", "master_grads"),
+]
+
+
+def smollm2_gains() -> str:
+    """SmolLM2 bf16 A/Bs of `python benchmarks/fast_gains.py --configs smollm2`: all on, the variant off."""
+    out = []
+    for label, name, key in SMOLLM2_GAINS:
+        d = load(name)
+        r = d["results"]["smollm2"]
+        out.append([label, d["steps"], f"{r['all']['s_per_step']:.2f}", f"{r[key]['s_per_step']:.2f}",
+                    f"**{r[key]['gain']:.2f}x**", f"`{name}`"])
+    return table(["switched off", "interleaved steps", "all on s/step", "off s/step", "cost when off",
+                  "raw file"], out)
+
+
+def prompt_cache() -> str:
+    """`python benchmarks/prompt_cache.py`: the shared prompt cache against G copies, per round and side."""
+    out = []
+    for name in ("prompt_cache_gsm8k_smollm2_4x8.jsonl", "prompt_cache_gsm8k_smollm2_16x8.jsonl"):
+        runs = rows(name)
+        sides = {s: [r for r in runs if r.get("side") == s] for s in ("shared", "copied")}
+        first, summary = sides["shared"][0], runs[-1]
+        out.append([f"{first['rows']} rows, prompts of {first['prompt_tokens']} tokens",
+                    *(" / ".join(f"{r['seconds']:.1f}" for r in sides[s]) for s in ("shared", "copied")),
+                    f"**{summary['copied_over_shared']:.2f}x**",
+                    f"{summary['kv_cache_mib']['shared']} / {summary['kv_cache_mib']['copied']}",
+                    f"{first['precision']}, {first['threads']} threads", f"`{name}`"])
+    return table(["batch (x 256 new tokens)", "shared s (rounds)", "copied s (rounds)", "copied / shared",
+                  "KV cache MiB shared / copied", "precision", "raw lines"], out)
+
+
+BLOCKS = {"performance.md": {"perf-fast-gains": fast_gains, "perf-natural-lengths": natural_lengths,
+                             "perf-smollm2-gains": smollm2_gains, "perf-prompt-cache": prompt_cache}}

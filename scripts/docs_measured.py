@@ -43,7 +43,7 @@ def block(text: str, name: str, body: str) -> str:
 # ---- docs/experiments.md: the tables scripts/experiments.py wrote to benchmarks/results/experiments/*.md
 
 
-def _md_tables(name: str) -> tuple[list[list[list[str]]], str]:
+def md_tables(name: str) -> tuple[list[list[list[str]]], str]:
     """The tables of experiments/NAME.md (each a list of rows of cells, header first) and its last line."""
     text = (RESULTS / "experiments" / f"{name}.md").read_text()
     tables = []
@@ -57,7 +57,7 @@ def _md_tables(name: str) -> tuple[list[list[list[str]]], str]:
 def experiment(name: str, columns: list[str] | None = None, part: int | None = None) -> str:
     """experiments/NAME.md's tables (only `columns`, in that order, where given) and its wall-time line;
     `part`: only that table, and the wall-time line after the last one only."""
-    tables, wall = _md_tables(name)
+    tables, wall = md_tables(name)
     out = []
     for t in tables if part is None else [tables[part]]:
         keep = list(range(len(t[0]))) if columns is None else [t[0].index(c) for c in columns]
@@ -98,7 +98,7 @@ def experiments_index() -> str:
     ]
     lines = []
     for i, (what, names, cells, claim, reading) in enumerate(spec, 1):
-        walls = [re.search(r"([\d.]+) min", _md_tables(n)[1]).group(1) for n in names.split()]
+        walls = [re.search(r"([\d.]+) min", md_tables(n)[1]).group(1) for n in names.split()]
         lines.append(
             [
                 i,
@@ -265,7 +265,7 @@ def rm_iterations() -> str:
         )
         + "\n\nHeld-out greedy accuracy is in the raw rows for "
           "the end of each run only (`rm_iterative_results."
-        "json`); at iterations 1 and 2: no raw file, not re-measured. Per iteration: "
+        "json`); at iterations 1 and 2 it was not recorded. Per iteration: "
         "`benchmarks/results/rm/iterations_<RM>_seed<N>.jsonl`."
     )
 

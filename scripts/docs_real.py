@@ -155,7 +155,7 @@ def race() -> str:
                     f"{len(m)} ({sum(r.get('time/step', 0.0) for r in m):.0f} s)",
                     f"{statistics.median(r['time/step'] for r in m):.2f}{_median_phases(m)}",
                     f"{grid} / **{pct(evals[-1]['accuracy'])}**",
-                    f"{rss:.0f} MiB" if rss else "no raw file",
+                    f"{rss:.0f} MiB" if rss else "not in its metrics",
                 ]
             )
     return table(

@@ -13,6 +13,8 @@
                             results, each figure computed from the raw rows under benchmarks/results/
                             that the table names
 
+    docs/*.md measured blocks  every table scripts/docs_blocks.py collects, from its raw files
+
     python scripts/update_readme.py
 """
 
@@ -32,13 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # scripts/docs_async.py; ASYNC_START: for the tests
 from docs_agents import AGENTS_END, AGENTS_START, agents_rows, render_agents  # noqa: E402, F401
 from docs_async import ASYNC_START, async_row, async_server_row, render_async  # noqa: E402, F401
-from docs_bench import BLOCKS as BENCH  # noqa: E402  (scripts/docs_bench.py)
-from docs_gains import BLOCKS as GAINS  # noqa: E402  (scripts/docs_gains.py)
-from docs_measured import BLOCKS as MEASURED  # noqa: E402  (scripts/docs_measured.py)
+from docs_blocks import ALL as MEASURED_BLOCKS  # noqa: E402  (scripts/docs_blocks.py: every block)
 from docs_measured import pct as _pct  # noqa: E402
 from docs_measured import render as render_measured  # noqa: E402
 from docs_measured import rows as _rows  # noqa: E402
-from docs_real import BLOCKS as REAL  # noqa: E402  (scripts/docs_real.py)
 from docs_tree import (  # noqa: E402, F401  (scripts/docs_tree.py)
     TREE_START,
     gsm8k_rows,
@@ -272,7 +271,7 @@ if __name__ == "__main__":
                      ("search.md", render_tree)):
         doc = ROOT / "docs" / name
         doc.write_text(fn(doc.read_text(encoding="utf-8")), encoding="utf-8")
-    for blocks in (MEASURED, BENCH, REAL, GAINS):
+    for blocks in MEASURED_BLOCKS:
         for name in blocks:
             doc = ROOT / "docs" / name
             doc.write_text(render_measured(name, doc.read_text(encoding="utf-8"), blocks), encoding="utf-8")

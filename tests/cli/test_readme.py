@@ -140,10 +140,9 @@ def test_the_beam_cache_figures_come_from_their_raw_rows():
 
 
 def _measured_blocks():
-    """(page, block name, blocks) for every generated block of scripts/docs_measured.py, docs_bench.py,
-    docs_real.py and docs_gains.py."""
+    """(page, block name, blocks) for every generated block that scripts/docs_blocks.py collects."""
     mod = _generator()
-    return [(page, name, blocks) for blocks in (mod.MEASURED, mod.BENCH, mod.REAL, mod.GAINS)
+    return [(page, name, blocks) for blocks in mod.MEASURED_BLOCKS
             for page in blocks
             for name in blocks[page]]
 
