@@ -92,10 +92,12 @@ def policy_of(row: dict) -> str:
 
 
 def _labels(rows: list[dict]) -> list[str]:
-    """Each row's label; where a file's rows split steps at different separators, with its separator."""
+    """Each row's label; where a file's rows split steps at different separators, or were sampled with
+    different seeds, with its separator and seed."""
     many = len({r["step_separator"] for r in rows if r.get("step_separator")}) > 1
+    seeds = len({r.get("seed", 0) for r in rows}) > 1
     return [r["label"] + (f" (steps end at `{r['step_separator']!r}`)" if many and r.get("step_separator")
-                          else "") for r in rows]
+                          else "") + (f", seed {r.get('seed', 0)}" if seeds else "") for r in rows]
 
 
 def search_table(raw: Path = RESULTS / "search_demo.jsonl") -> str:
