@@ -35,14 +35,16 @@ def _agent_records(name: str) -> list[dict]:
     return out
 
 
-DECAY = "with the tool, learning rate decayed linearly to 0 over 300 steps (no time limit)"
+# earlier recipes of a demonstration, kept beside its config's rows: (label, file tag suffix)
+EARLIER = (("with the tool, decayed over 300 steps", "_decay"),
+           ("with the tool, constant learning rate, 10 minutes (the first recipe)", "_constant"))
 
 
 def agents_table(name: str, key: str, label: str) -> str:
     """One row per run of an agents demonstration (with the tool and, where run, without)."""
     lines = [f"| run | seed | {label} before | {label} after | change | turns | tool calls per problem | "
              "steps | training s | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for kind, suffix in (("with the tool", ""), ("without", "_notool"), (DECAY, "_decay")):
+    for kind, suffix in (("with the tool", ""), ("without", "_notool"), *EARLIER):
         for r in _agent_records(f"agents_{name}{suffix}"):
             b, a = r["before"], r["after"]
             lines.append(f"| {kind} | {r['seed']} | {_pct(b[key])} | {_pct(a[key])} | "
@@ -77,7 +79,7 @@ def agents_rows() -> list[str]:
         f"({len(calc)} seeds); "
         f"without it {_pct(bare[0][0]['accuracy'])} -> {bare_txt}% | [agents](docs/agents.md), "
         "`benchmarks/results/agents_calculator_*` |",
-        "| agents: guess the number, higher / lower feedback (multi-turn, the same budget) | success "
+        "| agents: guess the number, higher / lower feedback (multi-turn, 600 GRPO steps on one core) | success "
         f"{_pct(guess[0][0][key])} -> {guess_txt}% ({len(guess)} seeds), turns "
         f"{guess[0][0]['turns_mean']:.2f} "
         f"-> {turns} | [agents](docs/agents.md), `benchmarks/results/agents_guess_number_*` |",
