@@ -65,12 +65,13 @@ class GuessNumber:
         self.low, self.high = low, high
         self.rng = random.Random(0)        # grpokit seeds it per instance and keeps it in checkpoints
         self.secret, self.guesses, self.found = low, 0, False
+        self.after_found = 0               # guesses made after the "yes"
 
     def reset(self, secret: int | None = None, episode: int | None = None, **row) -> str:
         if secret is None and episode is not None:   # episode k: always the same secret
             secret = random.Random(episode).randint(self.low, self.high)
         self.secret = int(secret) if secret is not None else self.rng.randint(self.low, self.high)
-        self.guesses, self.found = 0, False
+        self.guesses, self.found, self.after_found = 0, False, 0
         return f"Guess my number from {self.low} to {self.high}."
 
     def guess(self, number: int) -> str:
@@ -81,6 +82,7 @@ class GuessNumber:
         """
         self.guesses += 1
         if self.found:
+            self.after_found += 1
             return "found already"
         if int(number) == self.secret:
             self.found = True
@@ -92,6 +94,13 @@ class GuessNumber:
 
 
 ENVIRONMENTS = {"calculator": Calculator, "guess_number": GuessNumber}
+
+
+def guesses_after_yes(completions, environments=None, **kwargs) -> list[float]:
+    """A reward function for GuessNumber runs: minus the guesses each episode made after its "yes" (0 when
+    it stopped there). Guesses after the secret is found never help, so a weight on this column asks
+    for fewer turns without trading away success (the environment's own column, `rewards/GuessNumber`)."""
+    return [-float(getattr(env, "after_found", 0)) for env in environments or [None] * len(completions)]
 
 
 def _turn(call: str, result: object) -> str:
