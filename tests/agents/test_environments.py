@@ -13,7 +13,7 @@ from agent_models import PROMPTS, plain_caller
 from safetensors.torch import load_file
 
 from grpokit.agents.agent import Agent, agent_from_config
-from grpokit.agents.builtin import GuessNumber
+from grpokit.agents.builtin import GuessNumber, guesses_after_yes
 from grpokit.agents.environments import EnvironmentPool
 from grpokit.config.schema import ConfigError, build_config
 from grpokit.tasks import load_examples
@@ -88,6 +88,20 @@ def test_guess_number_answers_higher_lower_yes_and_rewards_finding_it():
     env.reset(episode=7)
     other.reset(episode=7)
     assert env.secret == other.secret
+
+
+def test_guesses_after_the_yes_are_counted_and_cost_reward():
+    stopped, went_on, lost = GuessNumber(), GuessNumber(), GuessNumber()
+    for env in (stopped, went_on, lost):
+        env.reset(secret=5)
+    assert [stopped.guess(8), stopped.guess(5)] == ["lower", "yes"]
+    assert [went_on.guess(5), went_on.guess(5), went_on.guess(2)] == ["yes", "found already", "found already"]
+    assert [lost.guess(1), lost.guess(9)] == ["higher", "lower"]
+    envs = [stopped, went_on, lost]
+    assert [e.get_reward() for e in envs] == [1.0, 1.0, 0.0]                 # success is untouched
+    assert guesses_after_yes(["a", "b", "c"], environments=envs) == [0.0, -2.0, 0.0]
+    went_on.reset(secret=3)
+    assert went_on.after_found == 0
 
 
 def test_async_environment_tools_of_a_step_overlap():
