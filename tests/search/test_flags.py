@@ -5,6 +5,7 @@ import json
 import pytest
 
 from grpokit.cli import main as cli
+from grpokit.rewards.rm_text import separator_flag
 from grpokit.search.common import SearchError
 from grpokit.search.run import SearchSpec
 
@@ -73,3 +74,14 @@ def test_the_command_line_writes_the_report(tmp_path, monkeypatch, capsys):
     assert report["tokens_per_problem"] == sum(p["tokens"] for p in report["problems"]) / 2
     printed = capsys.readouterr().out
     assert "accuracy" in printed and "tokens_per_problem" in printed
+
+
+def test_a_step_separator_typed_with_a_backslash_is_read_as_its_character(tmp_path, monkeypatch):
+    """`--step-separator '\\n'` on a shell passes backslash + n: the report's separator is a newline."""
+    monkeypatch.chdir(tmp_path)
+    argv = [*EVAL, "--search", "beam", "--budget", "1", "--expand", "1", "--prm", "steps",
+            "--step-separator", "\\n", "--out", "r.json"]
+    assert cli.main(argv) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["step_separator"] == "\n"
+    assert separator_flag(". ") == ". " and separator_flag("\\t") == "\t"
+    assert separator_flag("a\\\\n") == "a\\n"                                # an escaped backslash stays one

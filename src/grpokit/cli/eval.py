@@ -21,6 +21,7 @@ from grpokit.config.run_config import train_config
 from grpokit.config.schema import GRPOConfig
 from grpokit.errors import check_out_file, write_text_aside
 from grpokit.model.loading import load_model_and_tokenizer
+from grpokit.rewards.rm_text import separator_flag
 from grpokit.search.common import SearchError
 from grpokit.search.run import SearchSpec, search_evaluate
 from grpokit.tasks import load_examples
@@ -110,8 +111,9 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
                    "or last")
     g.add_argument("--expand", type=int, default=None, help="beam: sampled continuations per beam per "
                    "step; mcts: children per node (default 2)")
-    g.add_argument("--step-separator", default=None, help="beam, mcts, --prm: the text that ends a step "
-                   "(default: the PRM folder's, else rm.step_separator)")
+    g.add_argument("--step-separator", default=None, type=separator_flag, help="beam, mcts, --prm: the text "
+                   "that ends a step, backslash escapes read ('\\n': a newline; default: the PRM folder's, "
+                   "else rm.step_separator)")
 
 
 def _load(args, cfg: GRPOConfig):

@@ -35,6 +35,7 @@ from grpokit.rewards.rm_data import (
     split_by_group,
     write_samples,
 )
+from grpokit.rewards.rm_text import separator_flag
 from grpokit.rewards.rm_train import (
     OBJECTIVES,
     PRECISIONS,
@@ -122,7 +123,8 @@ def _train_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-groups", type=int, default=0,
                    help="use the samples of this many groups (problems), chosen at random (seeded; 0: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out split, the head and the order")
-    p.add_argument("--step-separator", default=SEP_DEFAULT, help="process RM: the text that ends a step")
+    p.add_argument("--step-separator", default=SEP_DEFAULT, type=separator_flag,
+                   help="process RM: the text that ends a step, backslash escapes read ('\\n': a newline)")
     p.add_argument("--max-length", type=int, default=0, help="longest input in tokens (0: the model's limit)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",

@@ -21,6 +21,23 @@ from typing import Any
 
 from grpokit.rewards.steps import token_char_ends
 
+ESCAPES = {"\\n": "\n", "\\t": "\t", "\\r": "\r", "\\\\": "\\"}
+
+
+def separator_flag(text: str) -> str:
+    """A step separator as given on the command line, its backslash escapes read: `--step-separator '\\n'`
+    (what a shell passes for '\\n') is a newline, as in the config file's "\\n"."""
+    out, i = [], 0
+    while i < len(text):
+        pair = text[i:i + 2]
+        if pair in ESCAPES:
+            out.append(ESCAPES[pair])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
 
 def completion_text(completion: Any) -> str:
     """A completion as text: a string, or the content of the last message of a chat completion."""
