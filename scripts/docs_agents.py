@@ -79,7 +79,8 @@ def agents_rows() -> list[str]:
         f"({len(calc)} seeds); "
         f"without it {_pct(bare[0][0]['accuracy'])} -> {bare_txt}% | [agents](docs/agents.md), "
         "`benchmarks/results/agents_calculator_*` |",
-        "| agents: guess the number, higher / lower feedback (multi-turn, 600 GRPO steps on one core) | success "
+        "| agents: guess the number, higher / lower feedback (multi-turn, 600 GRPO steps on one core) "
+        "| success "
         f"{_pct(guess[0][0][key])} -> {guess_txt}% ({len(guess)} seeds), turns "
         f"{guess[0][0]['turns_mean']:.2f} "
         f"-> {turns} | [agents](docs/agents.md), `benchmarks/results/agents_guess_number_*` |",
