@@ -35,16 +35,17 @@ def _agent_records(name: str) -> list[dict]:
     return out
 
 
-# earlier recipes of a demonstration, kept beside its config's rows: (label, file tag suffix)
-EARLIER = (("with the tool, decayed over 300 steps", "_decay"),
-           ("with the tool, constant learning rate, 10 minutes (the first recipe)", "_constant"))
+# other recipes of a demonstration, kept beside its config's rows: (label, file tag suffix)
+OTHER_RECIPES = (("with the tool, plus a cost of 0.25 per guess after the yes", "_turncost"),
+                 ("with the tool, decayed over 300 steps", "_decay"),
+                 ("with the tool, constant learning rate, 10 minutes (the first recipe)", "_constant"))
 
 
 def agents_table(name: str, key: str, label: str) -> str:
     """One row per run of an agents demonstration (with the tool and, where run, without)."""
     lines = [f"| run | seed | {label} before | {label} after | change | turns | tool calls per problem | "
              "steps | training s | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for kind, suffix in (("with the tool", ""), ("without", "_notool"), *EARLIER):
+    for kind, suffix in (("with the tool", ""), ("without", "_notool"), *OTHER_RECIPES):
         for r in _agent_records(f"agents_{name}{suffix}"):
             b, a = r["before"], r["after"]
             lines.append(f"| {kind} | {r['seed']} | {_pct(b[key])} | {_pct(a[key])} | "
