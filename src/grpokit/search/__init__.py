@@ -12,6 +12,7 @@
     majority   self-consistency: the most frequent final answer of N samples
     best_of_n  the top-scored of N samples
     beam       step-level beam search guided by a process scorer
+    kept_cache a problem's beams as rows of one KV cache kept across rounds (prompt prefilled once)
     mcts       Monte Carlo tree search over steps (UCT), values from scored rollouts
     mcts_batch the same search for B prompts in lockstep, every simulation's trajectory kept with its
                sampling log-probs: MCTS rollouts for training (grpokit.train.mcts_rollouts)
