@@ -18,30 +18,11 @@ SUMMARY = [
         f"{ARITH}_eval.jsonl",
         f"{ARITH}_metrics.jsonl",
     ),
-    (
-        "arithmetic, seed 0, beside TRL (one core each, the same hour)",
-        "60 min on 1 thread",
-        RACE.format(side="smollm2", seed=0) + "_eval.jsonl",
-        RACE.format(side="smollm2", seed=0) + "_metrics.jsonl",
-    ),
-    (
-        "arithmetic, seed 0, TRL 1.16's GRPOTrainer on the same config, that hour",
-        "60 min on 1 thread",
-        RACE.format(side="trl", seed=0) + "_eval.jsonl",
-        RACE.format(side="trl", seed=0) + "_metrics.jsonl",
-    ),
-    (
-        "arithmetic, seed 1, beside TRL (one core each, the same hour)",
-        "60 min on 1 thread",
-        RACE.format(side="smollm2", seed=1) + "_eval.jsonl",
-        RACE.format(side="smollm2", seed=1) + "_metrics.jsonl",
-    ),
-    (
-        "arithmetic, seed 1, TRL 1.16's GRPOTrainer, that hour",
-        "60 min on 1 thread",
-        RACE.format(side="trl", seed=1) + "_eval.jsonl",
-        RACE.format(side="trl", seed=1) + "_metrics.jsonl",
-    ),
+    *((f"arithmetic, seed {seed}, " + ("beside TRL (one core each, the same hour)" if side == "smollm2"
+                                         else "TRL 1.16's GRPOTrainer on the same config, that hour"),
+       "60 min on 1 thread", RACE.format(side=side, seed=seed) + "_eval.jsonl",
+       RACE.format(side=side, seed=seed) + "_metrics.jsonl")
+      for seed in (0, 1) for side in ("smollm2", "trl")),
     (
         "GSM8K, seed 1, prompt-aware micro-batches",
         "30 min on 2 threads",

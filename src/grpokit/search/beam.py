@@ -60,6 +60,17 @@ def select(candidates: Sequence[Beam], width: int) -> list[Beam]:
     return [candidates[i] for i in order[:width]]
 
 
+def next_round(decoder: Decoder, prompt, scorer: Scorer, beams: list[Beam], fresh: list[Beam], width: int,
+               cost: dict[str, int]) -> list[Beam]:
+    """Score a round's new candidates, count the round, and keep the `width` best of them and the
+    finished beams so far."""
+    texts = [decoder.tokenizer.decode(c.ids, skip_special_tokens=True) for c in fresh]
+    for c, score in zip(fresh, scorer([prompt] * len(fresh), texts)):
+        c.score = score
+    cost["rounds"] += 1
+    return select([b for b in beams if b.done] + fresh, width)
+
+
 def search_one(decoder: Decoder, prompt, width: int, expand: int, scorer: Scorer,
                separator: str) -> tuple[Beam, dict[str, int]]:
     """Beam search on one prompt: the best finished beam and its costs {tokens, prefill_tokens, rounds}."""
@@ -76,12 +87,8 @@ def search_one(decoder: Decoder, prompt, width: int, expand: int, scorer: Scorer
                 ids = b.ids + step.ids
                 fresh.append(Beam(ids, 0.0, step.ended or len(ids) >= limit))
                 cost["tokens"] += step.tokens
-        texts = [decoder.tokenizer.decode(c.ids, skip_special_tokens=True) for c in fresh]
-        for c, s in zip(fresh, scorer([prompt] * len(fresh), texts)):
-            c.score = s
         cost["prefill_tokens"] += sum(len(head) + len(b.ids) for b in live)
-        cost["rounds"] += 1
-        beams = select([b for b in beams if b.done] + fresh, width)
+        beams = next_round(decoder, prompt, scorer, beams, fresh, width, cost)
     return beams[0], cost
 
 
@@ -112,11 +119,7 @@ def search_one_kept(decoder: Decoder, prompt, width: int, expand: int, scorer: S
             ended = step_ids[-1] in decoder.eos_ids or len(ids) >= limit
             fresh.append(Beam(ids, 0.0, ended, row=i))
             cost["tokens"] += len(step_ids)
-        texts = [decoder.tokenizer.decode(c.ids, skip_special_tokens=True) for c in fresh]
-        for c, s in zip(fresh, scorer([prompt] * len(fresh), texts)):
-            c.score = s
-        cost["rounds"] += 1
-        beams = select([b for b in beams if b.done] + fresh, width)
+        beams = next_round(decoder, prompt, scorer, beams, fresh, width, cost)
     return beams[0], cost
 
 

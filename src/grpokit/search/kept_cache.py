@@ -106,9 +106,10 @@ def decode_round(rows: KeptRows, logits: torch.Tensor, limits: Sequence[int],
     native = rows.dec.native
     while True:
         tok, lp = pick_tokens(logits.float(), temperature, top_k, top_p, False, native)
+        toks, lps = tok.tolist(), lp.tolist()                             # one host copy a step
         for r in active.nonzero().squeeze(-1).tolist():
-            ids[r].append(int(tok[r]))
-            logps[r].append(float(lp[r]))
+            ids[r].append(toks[r])
+            logps[r].append(lps[r])
             if len(ids[r]) >= limits[r] or ended(ids[r]):
                 active[r] = False
         if not bool(active.any()):
