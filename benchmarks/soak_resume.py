@@ -14,11 +14,15 @@ written (file-system output of every attempt, from the kernel's rusage) and the 
 
     python benchmarks/soak_resume.py                       # 500 steps, checkpoints every 20, 5 kills
     python benchmarks/soak_resume.py --steps 60 --kills 2  # a quick look
+
+With --record FILE the result is appended to FILE as one JSON row with the command, commit, CPU model
+and date (docs/reliability.md's soak block is generated from benchmarks/results/soak_resume.jsonl).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import random
@@ -136,6 +140,19 @@ def compare(reference: Path, crashed: Path, steps: int) -> dict:
             "rows": len(rows_b), "per_step_reward_and_loss_equal": same_rows}
 
 
+def record(args: argparse.Namespace, result: dict) -> None:
+    """Append `result` with how it was measured (command, commit, CPU, date) to args.record."""
+    from search_demo import commit, cpu_model
+
+    shown = ["python", "benchmarks/soak_resume.py"] + [
+        f"--{k.replace('_', '-')} {v}" for k, v in (("steps", args.steps), ("save_steps", args.save_steps),
+                                                   ("kills", args.kills), ("seed", args.seed))]
+    row = {**result, "command": " ".join(shown), "commit": commit(), "cpu": cpu_model(), "threads": 1,
+           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    with open(args.record, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=500)
@@ -143,6 +160,7 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/soak")
+    p.add_argument("--record", default=None, help="append the result as one JSON row to this file")
     args = p.parse_args()
     root = Path(args.out)
     (root / "crashed").mkdir(parents=True, exist_ok=True)
@@ -164,6 +182,8 @@ def main() -> int:
               **compare(root / "reference", root / "crashed", args.steps),
               "wall_s": round(time.time() - start, 1)}
     (root / "soak.json").write_text(json.dumps(result, indent=2))
+    if args.record:
+        record(args, result)
     print(f"steps completed: {result['rows']}/{args.steps} (each logged once: {result['steps_logged_once']})")
     print(f"kills survived: {len(crash['kills'])} ({crash['kills_during_save']} during a checkpoint write), "
           f"attempts: {crash['attempts']}, killed after steps: {[k['after_step'] for k in crash['kills']]}")

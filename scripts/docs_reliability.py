@@ -1,0 +1,66 @@
+"""docs/reliability.md's soak and docs/coming_from_trl.md's conformance counts, generated from
+benchmarks/results/soak_resume.jsonl (`python benchmarks/soak_resume.py --record ...`) and
+benchmarks/results/conformance_runs.jsonl (`python benchmarks/conformance_run.py --trl --record ...`);
+scripts/update_readme.py writes them, tests/cli/test_readme.py checks them."""
+
+from docs_measured import rows
+
+
+def _day(row: dict) -> str:
+    return row["date"][:10]
+
+
+def soak() -> str:
+    """The newest soak row, printed as `soak_resume.py` prints it, with how it was measured."""
+    r = rows("soak_resume.jsonl")[-1]
+    kills = [k["after_step"] for k in r["kills"]]
+    out = [
+        f"steps completed: {r['rows']}/{r['steps']} (each logged once: {r['steps_logged_once']})",
+        f"kills survived: {len(kills)} ({r['kills_during_save']} during a checkpoint write), "
+        f"attempts: {r['attempts']}, killed after steps: {kills}",
+        f"bytes written: crashed run {r['bytes_written']:,}, uninterrupted run "
+        f"{r['reference_bytes_written']:,}; one checkpoint: {r['checkpoint_bytes']:,} bytes",
+        f"steps with a non-zero gradient: {r['steps_with_nonzero_grad']}/{r['steps']}",
+        f"final weights bit-identical to the uninterrupted run: {r['weights_bit_identical']}; "
+        f"per-step reward and loss equal: {r['per_step_reward_and_loss_equal']}",
+        f"wall time: {r['wall_s']} s",
+    ]
+    extra = (r["bytes_written"] - r["reference_bytes_written"]) / 1e6
+    return (
+        f"Measured {_day(r)} on {r['cpu']} (2 cores, the two runs side by side, {r['threads']} thread each), "
+        f"commit {r['commit']}: `{r['command']}`. Raw row: `benchmarks/results/soak_resume.jsonl`.\n\n"
+        "```\n" + "\n".join(out) + "\n```\n\n"
+        f"The crashed run wrote {extra:.1f} MB more than the uninterrupted one: the steps it trained again "
+        "after each kill and their checkpoints."
+    )
+
+
+def _skips(reasons: dict) -> str:
+    return ", ".join(f"{n} {key}" for key, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+
+
+def conformance() -> str:
+    """The newest conformance run: per implementation, passed / failed / skipped and seconds."""
+    runs = rows("conformance_runs.jsonl")
+    newest = [r for r in runs if r["date"] == runs[-1]["date"]]
+    by = {r["impl"]: r for r in newest}
+    g, first = by["grpokit"], newest[0]
+    text = (
+        f"Measured {_day(first)} on {first['cpu']}, one core, {first['threads']} thread, commit "
+        f"{first['commit']} (`{first['command']}`, {first['wall_s']:.0f} s of wall time for the whole run): "
+        f"grpokit.trl {g['passed']} passed, {g['failed']} failed, {g['skipped']} skipped "
+        f"({_skips(g['skip_reasons'])}; {g['test_seconds']:.0f} s of test time)"
+    )
+    if "trl" in by:
+        t = by["trl"]
+        text += (
+            f"; TRL 1.16 {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped "
+            f"({_skips(t['skip_reasons'])}; {t['test_seconds']:.0f} s)"
+        )
+    return text + ". Raw rows: `benchmarks/results/conformance_runs.jsonl`."
+
+
+BLOCKS = {
+    "reliability.md": {"soak": soak},
+    "coming_from_trl.md": {"conformance-counts": conformance},
+}
