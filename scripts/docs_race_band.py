@@ -14,13 +14,11 @@ interior values; its seed 2 was evaluated every 10 steps (~12 minutes).
 from __future__ import annotations
 
 import statistics
-import sys
 from pathlib import Path
 
 from docs_measured import RESULTS, rows, table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from grpokit.observe.accuracy_time import eval_seconds  # noqa: E402
+from grpokit.observe.accuracy_time import eval_seconds
 
 RACE = "arith_{side}_race_1thread_60min_seed{seed}"
 SIDES = (("smollm2", "grpokit"), ("trl", "TRL 1.16"))

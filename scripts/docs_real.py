@@ -7,6 +7,8 @@ import statistics
 
 from docs_measured import RESULTS, load, pct, rows, table
 
+from grpokit.observe.accuracy_time import eval_seconds
+
 ARITH = "arith_smollm2_t1_lr1e5_seed0"
 RACE = "arith_{side}_race_1thread_60min_seed{seed}"
 # (recipe, training budget and threads, eval file, metrics file); GSM8K runs' "before" is the start
@@ -115,28 +117,37 @@ def _median_phases(metrics: list[dict]) -> str:
     return f" ({', '.join(parts)})" if parts and "time/ref_forward" in metrics[0] else ""
 
 
+def _race_evals(metrics: list[dict], evals: list[dict]) -> str:
+    """Each evaluation as 'training minute: accuracy' (grpokit.observe.accuracy_time's clock)."""
+    return ", ".join(f"{s / 60:.0f}: {100 * a:.1f}" for s, a in eval_seconds(metrics, evals)[:-1])
+
+
+def _race_rss(name: str, metrics: list[dict]) -> str:
+    if (RESULTS / f"{name}_time_v.txt").is_file():
+        return f"{_max_rss_gib(f'{name}_time_v.txt')} (`/usr/bin/time -v`)"
+    rss = max((r.get("peak_rss_mib", 0) for r in metrics), default=0)
+    return f"{rss:.0f} MiB (the run's metrics)" if rss else "not in its metrics"
+
+
 def race() -> str:
-    """The full hour on one core each, seeds 0 and 1: steps, s/step, the evaluations, peak RSS."""
+    """The full hour on one core each, every seed: steps, s/step, the evaluations, peak RSS."""
     out = []
-    for seed in (0, 1):
+    for seed in sorted(int(p.name.split("seed")[1][0]) for p in RESULTS.glob(RACE.format(
+            side="smollm2", seed="*") + "_eval.jsonl")):
         for side, label in (
             ("smollm2", "grpokit (bf16 mixed)"),
             ("trl", "TRL 1.16 GRPOTrainer (its bf16 default)"),
         ):
             name = RACE.format(side=side, seed=seed)
             m, evals = rows(f"{name}_metrics.jsonl"), rows(f"{name}_eval.jsonl")
-            by_step = {e["step"]: e["accuracy"] for e in evals}
-            grid = " / ".join(
-                f"{100 * by_step[s]:.1f}" if s in by_step else "-" for s in (0, 50, 100, 150, 200)
-            )
-            rss = max((r.get("peak_rss_mib", 0) for r in m), default=0)
             out.append(
                 [
                     f"{seed}, {label}",
                     f"{len(m)} ({sum(r.get('time/step', 0.0) for r in m):.0f} s)",
                     f"{statistics.median(r['time/step'] for r in m):.2f}{_median_phases(m)}",
-                    f"{grid} / **{pct(evals[-1]['accuracy'])}**",
-                    f"{rss:.0f} MiB" if rss else "not in its metrics",
+                    _race_evals(m, evals),
+                    f"**{pct(evals[-1]['accuracy'])}**",
+                    _race_rss(name, m),
                 ]
             )
     return table(
@@ -144,8 +155,9 @@ def race() -> str:
             "seed, side",
             "steps in 60 min",
             "median s/step",
-            "held-out accuracy at step 0 / 50 / 100 / 150 / 200 / end",
-            "peak RSS (the run's metrics)",
+            "held-out accuracy at each evaluation before the end (training minute: %)",
+            "end",
+            "peak RSS",
         ],
         out,
     )
