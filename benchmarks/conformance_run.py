@@ -4,7 +4,8 @@ One pytest process runs every case on grpokit.trl and, with --trl, on TRL 1.16 t
 (GRPOKIT_CONFORMANCE_TRL=1). From pytest's JUnit XML it counts, per implementation, the cases passed,
 failed and skipped (by the suite's one skip reason each) and sums their test seconds; the process's wall
 time is kept beside them. One row per implementation is appended to --record with the command, commit,
-CPU model, thread count and date; docs/coming_from_trl.md's sentence on the suite is generated from it.
+CPU model, thread count and date (and one "both" row: the cases with no implementation parameter, which
+a mark skips for both); docs/coming_from_trl.md's sentence on the suite is generated from it.
 
     python benchmarks/conformance_run.py --trl --core 1 --record benchmarks/results/conformance_runs.jsonl
 """
@@ -32,13 +33,14 @@ sys.path.insert(0, str(ROOT / "tests" / "trl" / "conformance"))
 from conformance_helpers import SKIP  # noqa: E402
 
 IMPLS = ("grpokit", "trl")
+GROUPS = IMPLS + ("both",)  # "both": a case with no `impl` (skipped for both by a mark)
 
 
 def impl_of(name: str) -> str:
     """The implementation a test case ran on, from its parameter id ('test_x[grpokit-qwen2]')."""
     params = re.findall(r"\[(.*)\]", name)
     tokens = params[0].split("-") if params else []
-    return next((t for t in tokens if t in IMPLS), "grpokit")
+    return next((t for t in tokens if t in IMPLS), "both")
 
 
 def reason_of(message: str) -> str:
@@ -47,9 +49,9 @@ def reason_of(message: str) -> str:
 
 
 def count(junit: Path) -> dict[str, dict]:
-    """Per implementation: passed / failed / skipped, skip reasons and the sum of test seconds."""
+    """Per implementation (and "both"): passed / failed / skipped, skip reasons, the sum of test seconds."""
     out = {impl: {"passed": 0, "failed": 0, "skipped": 0, "skip_reasons": Counter(), "test_seconds": 0.0}
-           for impl in IMPLS}
+           for impl in GROUPS}
     for case in ET.parse(junit).getroot().iter("testcase"):
         row = out[impl_of(case.get("name", ""))]
         row["test_seconds"] += float(case.get("time", 0.0))
@@ -89,7 +91,7 @@ def main() -> int:
             "threads": 1, "core": args.core, "date": date}
     rows = [{"impl": impl, **{k: (dict(v) if isinstance(v, Counter) else v) for k, v in c.items()},
              "test_seconds": round(c["test_seconds"], 1), **meta}
-            for impl, c in counts.items() if impl == "grpokit" or args.trl]
+            for impl, c in counts.items() if impl != "trl" or args.trl]
     for row in rows:
         print(json.dumps(row))
     if args.record:

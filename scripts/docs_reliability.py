@@ -39,25 +39,28 @@ def _skips(reasons: dict) -> str:
     return ", ".join(f"{n} {key}" for key, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
 
 
+def _side(label: str, r: dict) -> str:
+    skips = f", {r['skipped']} skipped ({_skips(r['skip_reasons'])})" if r["skipped"] else ""
+    seconds = f"{r['test_seconds']:.0f} s of test time"
+    return f"{label} {r['passed']} passed, {r['failed']} failed{skips} in {seconds}"
+
+
 def conformance() -> str:
     """The newest conformance run: per implementation, passed / failed / skipped and seconds."""
     runs = rows("conformance_runs.jsonl")
-    newest = [r for r in runs if r["date"] == runs[-1]["date"]]
-    by = {r["impl"]: r for r in newest}
-    g, first = by["grpokit"], newest[0]
-    text = (
-        f"Measured {_day(first)} on {first['cpu']}, one core, {first['threads']} thread, commit "
-        f"{first['commit']} (`{first['command']}`, {first['wall_s']:.0f} s of wall time for the whole run): "
-        f"grpokit.trl {g['passed']} passed, {g['failed']} failed, {g['skipped']} skipped "
-        f"({_skips(g['skip_reasons'])}; {g['test_seconds']:.0f} s of test time)"
-    )
+    by = {r["impl"]: r for r in runs if r["date"] == runs[-1]["date"]}
+    first = by["grpokit"]
+    parts = [_side("grpokit.trl", by["grpokit"])]
     if "trl" in by:
-        t = by["trl"]
-        text += (
-            f"; TRL 1.16 {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped "
-            f"({_skips(t['skip_reasons'])}; {t['test_seconds']:.0f} s)"
-        )
-    return text + ". Raw rows: `benchmarks/results/conformance_runs.jsonl`."
+        parts.append(_side("TRL 1.16", by["trl"]))
+    if by.get("both", {}).get("skipped"):
+        b = by["both"]
+        parts.append(f"{b['skipped']} cases skipped for both by a mark ({_skips(b['skip_reasons'])})")
+    return (
+        f"Measured {_day(first)} on {first['cpu']}, one core, {first['threads']} thread, commit "
+        f"{first['commit']}, {first['wall_s']:.0f} s of wall time for the run: " + "; ".join(parts)
+        + ". Raw rows: `benchmarks/results/conformance_runs.jsonl`."
+    )
 
 
 BLOCKS = {
