@@ -35,17 +35,24 @@ def _agent_records(name: str) -> list[dict]:
     return out
 
 
-# other recipes of a demonstration, kept beside its config's rows: (label, file tag suffix)
-OTHER_RECIPES = (("with the tool, plus a cost of 0.25 per guess after the yes", "_turncost"),
-                 ("with the tool, decayed over 300 steps", "_decay"),
-                 ("with the tool, constant learning rate, 10 minutes (the first recipe)", "_constant"))
+# each demonstration's runs, (label, file tag suffix): its config's rows first, then earlier recipes
+RECIPES = {
+    "calculator": (("with the tool", ""), ("without", "_notool")),
+    "guess_number": (("with the tool (the config: beta 0.04)", ""),
+                     ("with the tool, beta 0 (the config before)", "_beta0"),
+                     ("with the tool, beta 0, plus a cost of 0.25 per guess after the yes", "_turncost"),
+                     ("with the tool, beta 0, decayed over 300 steps", "_decay"),
+                     ("with the tool, beta 0, constant learning rate, 10 minutes (the first recipe)",
+                      "_constant")),
+}
+GUESS = "agents_guess_number"  # the config's runs (configs/agents_guess_number.yaml)
 
 
 def agents_table(name: str, key: str, label: str) -> str:
     """One row per run of an agents demonstration (with the tool and, where run, without)."""
     lines = [f"| run | seed | {label} before | {label} after | change | turns | tool calls per problem | "
              "steps | training s | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for kind, suffix in (("with the tool", ""), ("without", "_notool"), *OTHER_RECIPES):
+    for kind, suffix in RECIPES.get(name, (("with the tool", ""),)):
         for r in _agent_records(f"agents_{name}{suffix}"):
             b, a = r["before"], r["after"]
             lines.append(f"| {kind} | {r['seed']} | {_pct(b[key])} | {_pct(a[key])} | "
@@ -59,7 +66,7 @@ def agents_table(name: str, key: str, label: str) -> str:
 def agents_results() -> str:
     """docs/agents.md's measured tables."""
     n_calc = int(_agent_runs("agents_calculator")[0][0]["num_problems"])
-    n_guess = int(_agent_runs("agents_guess_number")[0][0]["num_problems"])
+    n_guess = int(_agent_runs(GUESS)[0][0]["num_problems"])
     return (f"Calculator, 3-digit products (held-out greedy accuracy, {n_calc} problems):\n\n"
             f"{agents_table('calculator', 'accuracy', 'accuracy')}\n\n"
             f"Guess the number (success rate over {n_guess} held-out episodes, greedy):\n\n"
@@ -68,7 +75,7 @@ def agents_results() -> str:
 
 def agents_rows() -> list[str]:
     calc, bare = _agent_runs("agents_calculator"), _agent_runs("agents_calculator_notool")
-    guess = _agent_runs("agents_guess_number")
+    guess = _agent_runs(GUESS)
     key = "rewards/GuessNumber"
     calc_txt = " / ".join(f"{100 * a['accuracy']:.1f}" for _, a in calc)
     bare_txt = " / ".join(f"{100 * a['accuracy']:.1f}" for _, a in bare)
@@ -80,7 +87,8 @@ def agents_rows() -> list[str]:
         f"({len(calc)} seeds); "
         f"without it {_pct(bare[0][0]['accuracy'])} -> {bare_txt}% | [agents](docs/agents.md), "
         "`benchmarks/results/agents_calculator_*` |",
-        "| agents: guess the number, higher / lower feedback (multi-turn, 600 GRPO steps on one core) "
+        "| agents: guess the number, higher / lower feedback (multi-turn, 600 GRPO steps on one core, "
+        "beta 0.04) "
         "| success "
         f"{_pct(guess[0][0][key])} -> {guess_txt}% ({len(guess)} seeds), turns "
         f"{guess[0][0]['turns_mean']:.2f} "
