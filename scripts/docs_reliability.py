@@ -63,6 +63,18 @@ def conformance() -> str:
     )
 
 
+def conformance_row() -> str:
+    """The README's headline row of the newest conformance run."""
+    runs = rows("conformance_runs.jsonl")
+    by = {r["impl"]: r for r in runs if r["date"] == runs[-1]["date"]}
+    g, t, both = by["grpokit"], by["trl"], by["both"]
+    return ("| TRL conformance: the behaviours TRL's own GRPOTrainer tests check, on grpokit.trl and on "
+            f"TRL | {g['passed']} of {g['passed'] + g['failed']} pass on grpokit.trl (TRL: {t['passed']}, "
+            f"{t['skipped']} skipped), agents included; {both['skipped']} skipped on both, each with its "
+            "reason | "
+            "[coming from TRL](docs/coming_from_trl.md), `benchmarks/results/conformance_runs.jsonl` |")
+
+
 BLOCKS = {
     "reliability.md": {"soak": soak},
     "coming_from_trl.md": {"conformance-counts": conformance},

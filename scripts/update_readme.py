@@ -38,6 +38,8 @@ from docs_blocks import ALL as MEASURED_BLOCKS  # noqa: E402  (scripts/docs_bloc
 from docs_measured import pct as _pct  # noqa: E402
 from docs_measured import render as render_measured  # noqa: E402
 from docs_measured import rows as _rows  # noqa: E402
+from docs_race_band import seeds as race_seeds  # noqa: E402
+from docs_reliability import conformance_row  # noqa: E402
 from docs_tree import (  # noqa: E402, F401  (scripts/docs_tree.py)
     TREE_START,
     gsm8k_rows,
@@ -80,11 +82,13 @@ def race_row() -> str:
         ev = _rows(f"arith_{side}_race_1thread_60min_seed{seed}_eval.jsonl")
         steps = len(_rows(f"arith_{side}_race_1thread_60min_seed{seed}_metrics.jsonl"))
         return ev[0]["accuracy"], ev[-1]["accuracy"], steps
-    g, t = [end("smollm2", s) for s in (0, 1)], [end("trl", s) for s in (0, 1)]
+    seeds = race_seeds("smollm2")
+    g, t = [end("smollm2", s) for s in seeds], [end("trl", s) for s in seeds]
     per_step = [gs[2] / ts[2] for gs, ts in zip(g, t)]
-    return (f"| SmolLM2-135M-Instruct, arithmetic, the same hour as TRL 1.16 (one core each, seeds 0 / 1) | "
-            f"grpokit {_pct(g[0][0])} -> {_pct(g[0][1])} / {_pct(g[1][1])}; TRL {_pct(t[0][1])} / "
-            f"{_pct(t[1][1])}; {min(per_step):.1f}-{max(per_step):.1f}x the steps | "
+    ends = {side: " / ".join(_pct(x[1]) for x in xs) for side, xs in (("g", g), ("t", t))}
+    return (f"| SmolLM2-135M-Instruct, arithmetic, the same hour as TRL 1.16 (one core each, seeds "
+            f"{' / '.join(map(str, seeds))}) | grpokit {_pct(g[0][0])} -> {ends['g']}; "
+            f"TRL {ends['t']}; {min(per_step):.1f}-{max(per_step):.1f}x the steps | "
             "[real model](docs/real_model.md), `benchmarks/results/arith_*_race_1thread_60min_seed*` |")
 
 
@@ -135,11 +139,6 @@ def ppo_row() -> str:
 
 
 STATIC_ROWS = [
-    "| TRL conformance: the behaviours TRL's own GRPOTrainer tests check, on grpokit.trl and on TRL | 108 of "
-    "108 pass on grpokit.trl (TRL: 107, 1 skipped), agents included; 33 skipped on both, each with its "
-    "reason | "
-    "[coming from TRL](docs/coming_from_trl.md), "
-    "`tests/trl/conformance/` |",
     "| faults: a replaced, interrupted or doubled run | nothing lost: each fault, what happens, its test | "
     "[reliability](docs/reliability.md) |",
 ]
@@ -149,7 +148,7 @@ def headline() -> str:
     """The README's headline table, its measured rows computed from the raw files."""
     rows = [demo_row(), race_row(), bench_row(), *agents_rows(), search_row(), *gsm8k_rows(), *tree_rows(),
             async_row(), async_server_row(), rm_row(),
-            ppo_row(), *STATIC_ROWS]
+            ppo_row(), conformance_row(), *STATIC_ROWS]
     return "\n".join(["| what | result | page, raw rows |", "|---|---|---|", *rows])
 
 
