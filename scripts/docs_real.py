@@ -6,6 +6,7 @@ import re
 import statistics
 
 from docs_measured import RESULTS, load, pct, rows, table
+from docs_race_band import seeds as race_seeds
 
 from grpokit.observe.accuracy_time import eval_seconds
 
@@ -24,7 +25,7 @@ SUMMARY = [
                                          else "TRL 1.16's GRPOTrainer on the same config, that hour"),
        "60 min on 1 thread", RACE.format(side=side, seed=seed) + "_eval.jsonl",
        RACE.format(side=side, seed=seed) + "_metrics.jsonl")
-      for seed in (0, 1) for side in ("smollm2", "trl")),
+      for seed in race_seeds("smollm2") for side in ("smollm2", "trl")),
     (
         "GSM8K, seed 1, prompt-aware micro-batches",
         "30 min on 2 threads",
@@ -132,8 +133,7 @@ def _race_rss(name: str, metrics: list[dict]) -> str:
 def race() -> str:
     """The full hour on one core each, every seed: steps, s/step, the evaluations, peak RSS."""
     out = []
-    for seed in sorted(int(p.name.split("seed")[1][0]) for p in RESULTS.glob(RACE.format(
-            side="smollm2", seed="*") + "_eval.jsonl")):
+    for seed in race_seeds("smollm2"):
         for side, label in (
             ("smollm2", "grpokit (bf16 mixed)"),
             ("trl", "TRL 1.16 GRPOTrainer (its bf16 default)"),
