@@ -16,6 +16,7 @@ from docs_measured import BLOCKS as MEASURED
 from docs_precision import BLOCKS as PRECISION
 from docs_race_band import BLOCKS as RACE_BAND
 from docs_real import BLOCKS as REAL
+from docs_reliability import BLOCKS as RELIABILITY
 from docs_vllm import BLOCKS as VLLM
 
-ALL = (MEASURED, BENCH, REAL, GAINS, CLAIMS, PRECISION, VLLM, RACE_BAND)
+ALL = (MEASURED, BENCH, REAL, GAINS, CLAIMS, PRECISION, VLLM, RACE_BAND, RELIABILITY)
