@@ -62,6 +62,7 @@ def _worker(rank: int, world: int, port: int, out: str, task: str) -> None:
     torch.set_num_threads(1)
     result = TASKS[task](out)
     torch.save(result, Path(out) / f"result-{task}-{rank}.pt")
+    torch.distributed.barrier()  # no rank tears gloo down while its peer still uses it (exit SIGABRT)
     torch.distributed.destroy_process_group()
 
 

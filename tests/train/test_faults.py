@@ -380,6 +380,7 @@ def _rank(rank: int, port: int, out: str, go: str) -> None:
             results.append({"kind": type(e).__name__, "line": str(e), "quiet": getattr(e, "quiet", False),
                             "code": getattr(e, "exit_code", 2)})
         Path(f"{out}.{rank}.json").write_text(json.dumps(results))
+    torch.distributed.barrier()  # no rank tears gloo down while its peer still uses it (exit SIGABRT)
     torch.distributed.destroy_process_group()
 
 

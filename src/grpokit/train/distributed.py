@@ -232,8 +232,11 @@ class Distributed:
         return out
 
     def close(self) -> None:
-        """Destroy the process group (call once at the end of a distributed run)."""
+        """Destroy the process group (call once at the end of a distributed run). The barrier first: a rank
+        that tore gloo down while a peer was still in its last collective or teardown made that peer's
+        process abort at exit ("terminate called without an active exception", SIGABRT)."""
         if self.enabled and tdist.is_initialized():
+            tdist.barrier()
             tdist.destroy_process_group()
 
     # ---- data and models ------------------------------------------------------------------------
