@@ -27,8 +27,7 @@ How one step of B prompts x G completions is split over W ranks:
 FSDP (run.fsdp=true) shards parameters, gradients and optimizer state with PyTorch FSDP2
 `fully_shard` (one unit per decoder layer plus the root). Generation and evaluation run with the
 parameters gathered (`unsharded`), and checkpoints are sharded (torch.distributed.checkpoint, one file
-set per rank) and turned into a save_pretrained folder by
-`grpokit.train.fsdp_checkpoint.consolidate_checkpoint`.
+set per rank), made one save_pretrained folder by `grpokit.train.fsdp_checkpoint.consolidate_checkpoint`.
 """
 
 from __future__ import annotations
@@ -232,11 +231,9 @@ class Distributed:
         return out
 
     def close(self) -> None:
-        """Destroy the process group (call once at the end of a distributed run). The barrier first: a rank
-        that tore gloo down while a peer was still in its last collective or teardown made that peer's
-        process abort at exit ("terminate called without an active exception", SIGABRT)."""
+        """Destroy the process group (once, at the end of a distributed run), all ranks together."""
         if self.enabled and tdist.is_initialized():
-            tdist.barrier()
+            tdist.barrier()  # a rank tearing gloo down while a peer used it made the peer abort at exit
             tdist.destroy_process_group()
 
     # ---- data and models ------------------------------------------------------------------------
