@@ -45,10 +45,15 @@ def _side(label: str, r: dict) -> str:
     return f"{label} {r['passed']} passed, {r['failed']} failed{skips} in {seconds}"
 
 
+def _newest_conformance() -> dict[str, dict]:
+    """{impl: row} of the newest conformance run (grpokit, trl, both)."""
+    runs = rows("conformance_runs.jsonl")
+    return {r["impl"]: r for r in runs if r["date"] == runs[-1]["date"]}
+
+
 def conformance() -> str:
     """The newest conformance run: per implementation, passed / failed / skipped and seconds."""
-    runs = rows("conformance_runs.jsonl")
-    by = {r["impl"]: r for r in runs if r["date"] == runs[-1]["date"]}
+    by = _newest_conformance()
     first = by["grpokit"]
     parts = [_side("grpokit.trl", by["grpokit"])]
     if "trl" in by:
@@ -65,8 +70,7 @@ def conformance() -> str:
 
 def conformance_row() -> str:
     """The README's headline row of the newest conformance run."""
-    runs = rows("conformance_runs.jsonl")
-    by = {r["impl"]: r for r in runs if r["date"] == runs[-1]["date"]}
+    by = _newest_conformance()
     g, t, both = by["grpokit"], by["trl"], by["both"]
     return ("| TRL conformance: the behaviours TRL's own GRPOTrainer tests check, on grpokit.trl and on "
             f"TRL | {g['passed']} of {g['passed'] + g['failed']} pass on grpokit.trl (TRL: {t['passed']}, "

@@ -118,11 +118,19 @@ def test_build_state_moves_or_refuses_a_model_given_on_another_device(tmp_path):
         build_state(cfg, meta, tok, train_examples=[Example("1+1=", "2")] * 2)
 
 
-def test_colocated_vllm_under_a_launcher_is_refused_at_config_time(monkeypatch):
+def test_colocated_vllm_under_a_launcher_starts_one_engine_per_rank_in_external_launcher_mode(monkeypatch):
+    from grpokit.rollout.vllm_engine import engine_options
     from grpokit.train.preflight import check_environment
 
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())    # vllm "installed"
     cfg = build_config({"rollout.backend": "vllm", "rollout.vllm_mode": "colocate", "model.device": "cpu"})
-    with pytest.raises(ConfigError, match="rollout.vllm_mode=colocate with 2 ranks") as e:
-        check_environment(cfg)
-    assert "\n" not in str(e.value)
+    check_environment(cfg)                        # no longer refused (it was until vLLM's mode was wired up)
+    common = dict(on_cpu=True, sleep_available=False, want_sleep=True, kv_cache_gib=0.0,
+                  gpu_memory_utilization=0.3, enforce_eager="auto")
+    ranks = engine_options(**common, launched_ranks=True)
+    assert ranks["distributed_executor_backend"] == "external_launcher" and ranks["tensor_parallel_size"] == 1
+    alone = engine_options(**common)
+    assert "distributed_executor_backend" not in alone and "tensor_parallel_size" not in alone
+    assert {k: v for k, v in ranks.items() if k not in alone} == {
+        "distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}

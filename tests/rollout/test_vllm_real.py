@@ -27,7 +27,7 @@ from grpokit.model.logprobs import per_token_logprobs
 from grpokit.rollout.vllm_backend import ServerEngine, VLLMRollouts, vllm_agent_sampler
 from grpokit.rollout.vllm_engine import SamplingSpec
 from grpokit.tasks import Example
-from grpokit.train.loop import build_state, train_grpo
+from grpokit.train.loop import build_state, end_ranks, train_grpo
 from grpokit.train.step import train_step
 
 pytestmark = pytest.mark.vllm
@@ -208,6 +208,42 @@ def test_colocated_engine_learns_syncs_every_step_and_runs_the_tool_loop(tmp_pat
     drift = (probes[0].trainer_logprobs[-1] - probes[0].trainer_logprobs[0]).abs().max()
     assert drift > 100 * SYNC_TOL, drift
     check_tool_loop(tmp_path, probes[0].engine, colocate=True, **ENGINE)   # the same engine, no second start
+
+
+def _colocated_rank(rank: int, port: int, out: str) -> None:
+    """One of two torchrun-style ranks (gloo), a colocated engine each in vLLM's external-launcher mode."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    tok = build_char_tokenizer()
+    cfg = easy_cfg(Path(out), "ranks", **{"rollout.backend": "vllm", "run.max_steps": 4, **ENGINE})
+    model = tiny64(tok)
+    start = [p.detach().clone() for p in model.parameters()]
+    state = train_grpo(cfg, model, tok, train_examples=PROMPTS)
+    parallel = state.rollout_engine.engine.llm.llm_engine.vllm_config.parallel_config
+    moved = max(float((p.detach() - s).abs().max()) for p, s in zip(model.parameters(), start))
+    Path(f"{out}/rank{rank}.json").write_text(json.dumps({
+        "backend": parallel.distributed_executor_backend, "tp": parallel.tensor_parallel_size,
+        "torch_world": torch.distributed.get_world_size(), "moved": moved}))
+    end_ranks(state)      # the engine stopped first: its teardown ends vLLM's groups and the default one
+    Path(f"{out}/rank{rank}.closed").write_text(str(torch.distributed.is_initialized()))
+
+
+def test_colocated_engines_under_two_launched_ranks_sync_every_step(tmp_path):
+    """torchrun-style ranks, each with its own colocated engine (vLLM's external-launcher mode): every step's
+    logged mismatch, the max over both ranks' tokens, is float32 rounding, so both engines held the weights
+    of that step (a missed sync would show ~0.1-1 at lr 1e-2)."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_colocated_rank, (_free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    rows = rows_of(easy_cfg(tmp_path, "ranks"))
+    worst = max(r["mismatch/abs_logprob_diff_max"] for r in rows)
+    per_step = ", ".join(f"{r['mismatch/abs_logprob_diff_max']:.1e}" for r in rows)
+    print(f"two ranks: {ranks}; mismatch max per step {per_step}")
+    assert [(r["backend"], r["tp"], r["torch_world"]) for r in ranks] == [("external_launcher", 1, 2)] * 2
+    assert [(tmp_path / f"rank{r}.closed").read_text() for r in range(2)] == ["False"] * 2
+    assert len(rows) == 4 and worst < SYNC_TOL, worst
+    assert min(r["moved"] for r in ranks) > 100 * SYNC_TOL      # the weights each step synced did change
 
 
 def test_lora_is_merged_into_the_engine(tmp_path, char_tok):

@@ -12,7 +12,7 @@ from grpokit.config.run_config import describe, train_config
 from grpokit.config.validation import objective_warnings
 from grpokit.observe.demo import before_after_table, demo_plot
 from grpokit.train.interrupt import RunInterrupted
-from grpokit.train.loop import train_grpo
+from grpokit.train.loop import end_ranks, train_grpo
 
 
 def main(argv: list[str]) -> int:
@@ -32,7 +32,10 @@ def main(argv: list[str]) -> int:
     except RunInterrupted as e:   # its one line ends with the command that resumes (or starts over)
         if e.restart_flag[0]:
             e.restart = f"{e.verb} with: {restart_command(argv, e.restart_flag[0])}"
+        if e.ranks_agree:          # under torchrun every rank stopped after the same step
+            end_ranks(e.state)
         raise
+    end_ranks(state)   # torchrun: the ranks end together, before rank 0's report (which may fail alone)
     if not state.dist.is_main:   # under torchrun rank 0 alone reports and draws the plot
         return 0
     print(f"done: {state.step} steps; metrics in {cfg.run.output_dir}/metrics.jsonl, "

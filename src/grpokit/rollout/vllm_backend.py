@@ -3,9 +3,11 @@
 Two placements (rollout.vllm_mode):
 
     colocate  each training process holds a vLLM `LLM` engine (grpokit.rollout.vllm_engine) on its own device,
-              within rollout.vllm_gpu_memory_utilization (GPU) or rollout.vllm_kv_cache_gib (CPU). Per
-              step: wake_up -> sync the weights of this step (in-process, no copy over a network) ->
-              generate -> sleep (where the platform has sleep mode: the memory goes back to training).
+              within rollout.vllm_gpu_memory_utilization (GPU) or rollout.vllm_kv_cache_gib (CPU); under
+              torchrun in vLLM's external-launcher mode (the way vLLM runs inside trainers' ranks: each
+              rank's engine joins the open process group, tensor parallel size 1). Per step: wake_up ->
+              sync the weights of this step (in-process, no copy over a network) -> generate -> sleep
+              (where the platform has sleep mode: the memory goes back to training).
     server    a separate `grpokit vllm-serve` process (its own devices); rank 0 pushes the weights after
               each update (safetensors over HTTP), every rank sends its own prompts.
 
@@ -209,6 +211,11 @@ class VLLMRollouts:
             state.dist.barrier()          # server mode: nobody samples before rank 0 has pushed
             self.synced_step = state.step
 
+    def shutdown(self) -> None:
+        """Stop a colocated engine (the end of a `grpokit train` run); the server's engine is its own."""
+        if self.colocate and hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+
     def _spec(self, state: Any, n: int) -> SamplingSpec:
         r = state.cfg.rollout
         seed = int(torch.randint(0, 2**31 - 1, (1,)))   # from the run's RNG: reproducible and resumable
@@ -274,7 +281,7 @@ def build_rollouts(state: Any) -> VLLMRollouts:
                             max_model_len=r.max_prompt_length + r.max_completion_length,
                             gpu_memory_utilization=r.vllm_gpu_memory_utilization,
                             kv_cache_gib=r.vllm_kv_cache_gib, cpu_threads=r.vllm_cpu_threads,
-                            enforce_eager=r.vllm_enforce_eager)
+                            enforce_eager=r.vllm_enforce_eager, launched_ranks=state.dist.enabled)
     return VLLMRollouts(engine, colocate=True, synced_step=state.step)
 
 

@@ -114,16 +114,21 @@ def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
 
 
 def engine_options(*, on_cpu: bool, sleep_available: bool, want_sleep: bool, kv_cache_gib: float,
-                   gpu_memory_utilization: float, enforce_eager: bool | str) -> dict[str, Any]:
+                   gpu_memory_utilization: float, enforce_eager: bool | str,
+                   launched_ranks: bool = False) -> dict[str, Any]:
     """The `vllm.LLM` keyword arguments grpokit chooses from the platform and the config.
 
     kv_cache_gib: 0 = vLLM sizes the cache from gpu_memory_utilization (GPU) or takes 1 GiB (CPU, where
     vLLM's own default reserves most of the machine's memory). enforce_eager "auto": eager on CPU
-    (torch.compile warm-up costs ~2 minutes there), compiled with CUDA graphs on GPU.
+    (torch.compile warm-up costs ~2 minutes there), compiled with CUDA graphs on GPU. launched_ranks:
+    this process is one rank of a torchrun-style launch (its group already open): vLLM's external-launcher
+    mode, one engine per rank on the rank's own device (tensor parallel size 1), inside this process.
     """
     opts: dict[str, Any] = {"enable_sleep_mode": want_sleep and sleep_available,
                             "enforce_eager": on_cpu if enforce_eager == "auto" else bool(enforce_eager),
                             "logprobs_mode": "processed_logprobs"}
+    if launched_ranks:
+        opts.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
     gib = kv_cache_gib if kv_cache_gib > 0 else (1.0 if on_cpu else 0.0)
     if gib > 0:
         opts["kv_cache_memory_bytes"] = int(gib * 2**30)
@@ -186,7 +191,7 @@ class VLLMEngine:
     def __init__(self, model_path: str, *, dtype: str = "auto", seed: int = 0,
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.3,
                  kv_cache_gib: float = 0.0, cpu_threads: int = 0, enforce_eager: bool | str = "auto",
-                 sleep_mode: bool = True) -> None:
+                 sleep_mode: bool = True, launched_ranks: bool = False) -> None:
         vllm = require_vllm()
         from vllm.platforms import current_platform
 
@@ -198,7 +203,8 @@ class VLLMEngine:
             torch.set_num_threads(cpu_threads)   # vLLM's CPU worker forbids changing it after start
         opts = engine_options(on_cpu=on_cpu, sleep_available=current_platform.is_sleep_mode_available(),
                               want_sleep=sleep_mode, kv_cache_gib=kv_cache_gib,
-                              gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager)
+                              gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+                              launched_ranks=launched_ranks)
         if sleep_mode and not opts["enable_sleep_mode"]:
             log.info("vLLM on %s has no sleep mode: the engine keeps its memory during the update",
                      current_platform.device_name)
@@ -232,6 +238,11 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
                                                           "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()                   # cached prefixes were computed with the old weights
+
+    def shutdown(self) -> None:
+        """Stop the engine now: vLLM tears down its own process groups (under torchrun the default group
+        too), which it would otherwise do at interpreter exit, after the trainer closed them."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def sleep(self) -> None:
         if self.sleep_mode and not self.sleeping:

@@ -38,7 +38,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as tdist
@@ -79,17 +79,8 @@ class ShardedStream:
     def __init__(self, stream: Any, rank: int, world_size: int) -> None:
         self.stream, self.rank, self.world_size = stream, rank, world_size
 
-    @property
-    def cursor(self) -> int:
-        return self.stream.cursor
-
-    @cursor.setter
-    def cursor(self, value: int) -> None:
-        self.stream.cursor = value
-
-    @property
-    def examples(self) -> Sequence[Any]:
-        return self.stream.examples
+    cursor = property(lambda self: self.stream.cursor, lambda self, v: setattr(self.stream, "cursor", v))
+    examples = property(lambda self: self.stream.examples)
 
     def take(self, n: int) -> list:
         """This rank's n prompts of the next n * W (whole groups: each prompt's G completions stay here)."""
@@ -106,6 +97,7 @@ class Distributed:
     local_rank: int = 0
     backend: str | None = None
     fsdp: bool = False
+    owns_group: bool = False           # from_env opened the process group (close() ends it)
     _wrappers: dict[int, torch.nn.Module] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -124,12 +116,13 @@ class Distributed:
         backend = backend_for(where)
         if where.type == "cuda":
             torch.cuda.set_device(where)
-        if not tdist.is_initialized():
+        opened = not tdist.is_initialized()
+        if opened:
             tdist.init_process_group(backend, rank=rank, world_size=world,
                                      timeout=datetime.timedelta(minutes=30))
         log.info("distributed: rank %d of %d computes on %s, backend %s", rank, world, where, backend)
         return cls(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local,
-                   backend=backend, fsdp=fsdp)
+                   backend=backend, fsdp=fsdp, owns_group=opened)
 
     @property
     def enabled(self) -> bool:
@@ -231,10 +224,15 @@ class Distributed:
         return out
 
     def close(self) -> None:
-        """Destroy the process group (once, at the end of a distributed run), all ranks together."""
-        if self.enabled and tdist.is_initialized():
-            tdist.barrier()  # a rank tearing gloo down while a peer used it made the peer abort at exit
+        """End the group `from_env` opened, every rank at once: a barrier, then destroy. Left to interpreter
+        exit, or destroyed by a rank while a peer still used it, gloo can abort that peer (SIGABRT)."""
+        if not self.owns_group:
+            return
+        if tdist.is_initialized():          # a colocated vLLM engine's shutdown may have ended it already
+            tdist.barrier()
             tdist.destroy_process_group()
+        self.owns_group = False
+        log.info("distributed: process group closed")
 
     # ---- data and models ------------------------------------------------------------------------
     def shard_stream(self, stream: Any) -> Any:

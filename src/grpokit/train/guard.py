@@ -95,7 +95,9 @@ class RunGuard:
         if run.save_on_interrupt and not saved and state.bad_steps < run.max_bad_steps:
             state.dist.save_checkpoint(state, self.out)
             self._commit_if_saved()
-        raise RunInterrupted(self.signals.signum or signal.SIGTERM, during_step=False)
+        stop = RunInterrupted(self.signals.signum or signal.SIGTERM, during_step=False)
+        stop.ranks_agree = True                      # all_true above: every rank is here, after this step
+        raise stop
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.signals.holding = True              # a signal during the clean-up is only recorded
@@ -139,7 +141,7 @@ class RunGuard:
     def _describe(self, e: RunInterrupted) -> None:
         """Where it stopped, the last checkpoint, and what continues the run (rank 0 speaks)."""
         state, run = self.state, self.cfg.run
-        e.quiet = not self.dist.is_main
+        e.quiet, e.state = not self.dist.is_main, state
         if e.during_step and self._current:
             e.where = f"during step {self._current} of {run.max_steps}"
         elif state is not None and state.step:

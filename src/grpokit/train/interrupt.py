@@ -46,6 +46,8 @@ class RunInterrupted(KeyboardInterrupt):
             'last checkpoint: runs/x/checkpoint-6', 'resume with: grpokit train ... --resume').
         verb, restart_flag: 'resume' or 'start over', and with what: (command-line flag, config setting).
         quiet: True on torchrun ranks other than 0 (rank 0 alone speaks).
+        ranks_agree: every rank raised it after the same step (a stop agreed at a step's end);
+            state: the run's TrainState, when it had one (for the command's clean-up).
     """
 
     def __init__(self, signum: int, during_step: bool = True) -> None:
@@ -54,7 +56,8 @@ class RunInterrupted(KeyboardInterrupt):
         self.exit_code = 128 + self.signum
         self.where = self.note = self.restart = self.verb = ""
         self.restart_flag: tuple[str, str] = ("", "")
-        self.quiet = False
+        self.quiet = self.ranks_agree = False
+        self.state = None
 
     def __str__(self) -> str:
         head = f"stopped by {signal.Signals(self.signum).name} {self.where}".strip()

@@ -195,6 +195,19 @@ def _train(cfg: GRPOConfig, dist: Distributed, guard: RunGuard, model, tokenizer
     return state
 
 
+def end_ranks(state: TrainState | None) -> None:
+    """The end of a distributed `grpokit train` under torchrun, every rank at once: the colocated vLLM
+    engine stopped, then the process group closed (`Distributed.close`). `train_grpo` leaves both to its
+    caller, who may use them afterwards (`GRPOTrainer.save_model` gathers FSDP shards); a script ends
+    them with this call. One process, or a group someone else opened: nothing to do."""
+    if state is None or not state.dist.owns_group:
+        return
+    state.dist.barrier()
+    if state.rollout_engine is not None and hasattr(state.rollout_engine, "shutdown"):
+        state.rollout_engine.shutdown()      # vLLM's teardown ends the default group too (it checks first)
+    state.dist.close()
+
+
 def _open_outputs(state: TrainState, out_dir: Path) -> tuple[MetricsWriter, object, Tracker]:
     """Rank 0's outputs: config.json, metrics.jsonl (from the resumed step on), the experiment loggers
     and the completions / prompts tracker."""

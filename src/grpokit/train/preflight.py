@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 
 from grpokit.config.schema import ConfigError, GRPOConfig
-from grpokit.model.devices import launcher_ranks, resolve_device
+from grpokit.model.devices import resolve_device
 from grpokit.rollout.groups import PromptTooLongError
 from grpokit.rollout.vllm_backend import INSTALL_HINT as VLLM_HINT
 from grpokit.tasks import TaskError
@@ -24,11 +24,6 @@ def check_environment(cfg: GRPOConfig) -> None:
     """Raise ConfigError when this machine lacks the device or a package that `cfg` needs, or the launch
     asks for a combination grpokit does not run."""
     check_device(cfg.model.device)
-    world = launcher_ranks()[2]
-    if cfg.rollout.backend == "vllm" and cfg.rollout.vllm_mode == "colocate" and world > 1:
-        raise ConfigError(f"rollout.vllm_mode=colocate with {world} ranks would start {world} separate vLLM "
-                          "engines (vLLM's external-launcher mode is not wired up yet): use "
-                          "rollout.vllm_mode=server with `grpokit vllm-serve`, or one process")
     for package, message in required_packages(cfg):
         if importlib.util.find_spec(package) is None:
             raise ConfigError(message)
