@@ -208,8 +208,10 @@ def fused_ops(model: torch.nn.Module) -> Iterator[None]:
     swapped = [m for m in model.modules() if _swappable(m)] if float32_cpu(model) else []
     for m in swapped:       # the library is loaded by the first call (inside a pass), not here
         m.forward = functools.partial(_mlp_forward if type(m).__name__ in MLP_CLASSES else _norm_forward, m)
+    ours = [(m, vars(m)["forward"]) for m in swapped]
     try:
         yield
     finally:
-        for m in swapped:
-            del m.forward
+        for m, forward in ours:   # only ours: code inside may have put the class's own back (model.eval()
+            if vars(m).get("forward") is forward:   # re-kernelizing a model with transformers' hub kernels)
+                del m.forward

@@ -109,8 +109,10 @@ def installed(model: torch.nn.Module) -> Iterator[HeadCasts]:
     swapped = [m for m in model.modules() if _swappable(m)]
     for m in swapped:
         m.forward = functools.partial(lookup, m)
+    ours = [(m, vars(m)["forward"]) for m in swapped]
     try:
         yield HeadCasts()
     finally:
-        for m in swapped:
-            del m.forward
+        for m, forward in ours:   # only ours: code inside the scope may have put the class's own back
+            if vars(m).get("forward") is forward:
+                del m.forward

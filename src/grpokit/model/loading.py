@@ -202,6 +202,7 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
     if model.generation_config is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     place_model(model, resolve_device(cfg.device))   # cuda:LOCAL_RANK under a launcher
+    without_hub_kernels(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
@@ -209,6 +210,19 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
         model = wrap_lora(model, cfg)
     model.train()
     return model, tokenizer
+
+
+def without_hub_kernels(model) -> None:
+    """The model's layers keep their PyTorch forwards (transformers' hub kernels off for this model).
+
+    With the `kernels` package installed (transformers 5 depends on it), from_pretrained turns hub kernels
+    on: every train() / eval() then re-kernelizes, replacing or deleting the forward of each decorated
+    layer (RMSNorm, ...). That undid grpokit's scoped forwards in the middle of a step (a LoRA run with
+    beta > 0 crashed leaving its first step: the reference's eval() had removed them) and, on a GPU, would
+    fetch kernels from the Hub at run time. A model from from_config never had them on."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base, "use_kernels", False) and hasattr(base, "reset_kernels"):
+        base.reset_kernels()
 
 
 def prepare_tokenizer(tokenizer) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from grpokit.model.loading import ModelError, load_tokenizer
+from grpokit.model.loading import ModelError, load_tokenizer, without_hub_kernels
 from grpokit.rewards.calls import RewardError
 from grpokit.rewards.process_rm import ProcessRewardModel
 from grpokit.rewards.rm_batch import (
@@ -184,6 +184,7 @@ def load_reward_model(path: str | Path, rm_cfg: Any = None, *,
     auto = AutoModelForSequenceClassification if kind == "outcome" else AutoModelForTokenClassification
     try:
         model = auto.from_pretrained(folder)
+        without_hub_kernels(model)        # plain PyTorch layers, nothing fetched from the Hub at run time
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(folder)
     except ModelError as e:
         raise RewardError(f"reward model '{folder}': {e}") from None

@@ -19,7 +19,7 @@ import torch
 from grpokit.agents.agent import agent_from_config
 from grpokit.config.schema import GRPOConfig
 from grpokit.model.devices import place_model, resolve_device
-from grpokit.model.loading import load_model_and_tokenizer
+from grpokit.model.loading import load_model_and_tokenizer, without_hub_kernels
 from grpokit.model.lora import reference_for
 from grpokit.model.precision import apply_precision, reference_storage
 from grpokit.observe.loggers import build_loggers, resolve_report_to
@@ -64,11 +64,13 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
         model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
     else:  # a model passed in ends on this rank's device too (grpokit.model.devices)
         model = place_model(model, resolve_device(cfg.model.device), what="the policy")
+        without_hub_kernels(model)                           # its layers keep their PyTorch forwards
     # fp32, or bf16 compute on fp32 master weights (logged)
     apply_precision(model, cfg)
     # beta = 0: no reference at all; LoRA: the base with adapters disabled (no copy of the weights)
     if ref_model is not None:
         ref_model = place_model(ref_model, resolve_device(cfg.model.device), what="the reference model")
+        without_hub_kernels(ref_model)
     ref = reference_storage(ref_model if ref_model is not None else reference_for(model), model) \
         if cfg.loss.beta > 0 else None
     dist.prepare(model)                                      # DDP or FSDP2 (same object back)

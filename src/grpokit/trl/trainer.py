@@ -33,7 +33,12 @@ from grpokit.config.validation import objective_warnings
 from grpokit.core.entropy import applied_entropy_coef
 from grpokit.core.token_masks import high_entropy_mask, off_policy_mask
 from grpokit.model.devices import place_model, resolve_device
-from grpokit.model.loading import check_tokenizer_fits, load_model_and_tokenizer, prepare_tokenizer
+from grpokit.model.loading import (
+    check_tokenizer_fits,
+    load_model_and_tokenizer,
+    prepare_tokenizer,
+    without_hub_kernels,
+)
 from grpokit.model.lora import is_peft_model, reference_for
 from grpokit.observe.model_card import write_model_card
 from grpokit.train.loop import save_final, train_grpo
@@ -167,6 +172,7 @@ class GRPOTrainer:
                 tokenizer = AutoTokenizer.from_pretrained(model_name(model))
             # this rank's device (cuda:LOCAL_RANK under torchrun), decided from the launcher's environment
             place_model(model, resolve_device(cfg.model.device), what="the model")
+            without_hub_kernels(model)     # plain PyTorch layers (grpokit.model.loading.without_hub_kernels)
             if cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
                 model.gradient_checkpointing_enable()
                 model.config.use_cache = False
