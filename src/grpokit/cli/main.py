@@ -2,7 +2,7 @@
 
     grpokit train                         # the built-in demo: GRPO on arithmetic, offline
     grpokit train cfg.yaml loss.beta=0.0  # a YAML config with dotted overrides
-    grpokit train preset=dapo --overwrite
+    grpokit train preset=dapo reward.overlong_buffer=4 --overwrite   # the demo: 24-token completions
 
 Each command is a module with `main(argv)` (SUBCOMMANDS), imported only when it runs; the config of
 a run comes from `grpokit.config.run_config`. User errors (bad config, missing model, bad data, ...)
