@@ -75,13 +75,16 @@ def _rm_hash(rm) -> str:
     return h.hexdigest()
 
 
-def _iterative(out: str, rm_path: str) -> dict:
-    """Algorithm 1 on 2 ranks: the RM's hash after every iteration, and the saved RM's."""
-    hashes = []
+def _iterative(out: str, rm_path: str, fsdp: bool = False) -> dict:
+    """Algorithm 1 on 2 ranks: the RM's hash after every iteration, and the saved RM's; whether the reference
+    equals the policy right after each iteration's reset (under FSDP: the gathered weights, on rank 0)."""
+    hashes, reset = [], []
 
     def watch(state, metrics):
         if state.reward_loop.at_boundary(state.step):
             hashes.append(_rm_hash(state.reward_loop.rm))
+            ref, policy = (state.dist.full_state_dict(m) for m in (state.ref_model, state.model))
+            reset.append(sorted(ref) == sorted(policy) and all(torch.equal(ref[k], policy[k]) for k in ref))
 
     cfg = build_config({"model.name_or_path": "builtin:tiny-random", "task.name": "arithmetic",
                         "task.num_train": 64, "reward.funcs": {f"rm:{rm_path}": 1.0},
@@ -89,11 +92,12 @@ def _iterative(out: str, rm_path: str) -> dict:
                         "rollout.max_completion_length": 8, "optim.learning_rate": 3e-3, "run.eval_limit": 0,
                         "run.progress": False, "run.output_dir": out + "/run", "run.max_steps": 4,
                         "run.iterations": 2, "run.steps_per_iteration": 2, "run.save_steps": 2,
-                        "rm.learning_rate": 1e-2, "rm.train_batch_size": 4, "rm.replay_share": 0.25})
+                        "rm.learning_rate": 1e-2, "rm.train_batch_size": 4, "rm.replay_share": 0.25,
+                        "run.fsdp": fsdp})
     state = train_grpo(cfg, hooks={"after_step": watch})
     saved = load_file(Path(out) / "run" / "checkpoint-4" / "reward_model.safetensors")
     live = state.reward_loop.rm.model.state_dict()
-    return {"hashes": hashes, "final": _rm_hash(state.reward_loop.rm),
+    return {"hashes": hashes, "final": _rm_hash(state.reward_loop.rm), "reset": reset,
             "saved_equal": all(torch.equal(saved[k], live[k]) for k in saved),
             "samples": len(state.reward_loop.history)}
 
@@ -118,7 +122,8 @@ def _agent_resume(out: str, extra: str) -> dict:
             "env_resumed": json.dumps(resumed.agent.rng_state())}
 
 
-TASKS = {"fsdp_lora": _fsdp_lora, "iterative": _iterative, "agent_resume": _agent_resume}
+TASKS = {"fsdp_lora": _fsdp_lora, "iterative": _iterative, "agent_resume": _agent_resume,
+         "iterative_fsdp": lambda out, rm_path: _iterative(out, rm_path, fsdp=True)}
 
 
 def test_fsdp_with_lora_and_a_reference_trains_and_resumes_bit_identically(tmp_path):
@@ -137,14 +142,18 @@ def test_fsdp_with_lora_and_a_reference_trains_and_resumes_bit_identically(tmp_p
     assert merged.config.model_type == "qwen2"
 
 
-def test_algorithm_1_keeps_one_reward_model_on_every_rank(tmp_path):
+@pytest.mark.parametrize("mode", ["iterative", "iterative_fsdp"], ids=["ddp", "fsdp"])
+def test_algorithm_1_keeps_one_reward_model_on_every_rank(tmp_path, mode):
     from grpokit.rewards.rm_train import init_reward_model, save_reward_model
 
     rm = tmp_path / "rm"
     model, tok = init_reward_model("builtin:tiny-random", "outcome", seed=0)
     save_reward_model(model, tok, rm, kind="outcome", step_separator="\n", init="builtin:tiny-random",
                       report={})
-    ranks = _spawn("iterative", tmp_path / "dist", str(rm))
+    ranks = _spawn(mode, tmp_path / "dist", str(rm))
+    # the reference reset to the policy at each iteration's end (under FSDP it crashed before 2026-12-05:
+    # the policy's root kept gathered plain tensors that sync_reference mixed with the reference's shards)
+    assert ranks[0]["reset"] == [True, True]
     assert len(ranks[0]["hashes"]) == 2 and ranks[0]["hashes"] == ranks[1]["hashes"]
     assert ranks[0]["hashes"][0] != ranks[0]["hashes"][1]                 # the RM did train
     assert ranks[0]["final"] == ranks[1]["final"] and ranks[0]["saved_equal"] and ranks[1]["saved_equal"]

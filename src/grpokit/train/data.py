@@ -1,4 +1,4 @@
-"""The prompt stream: a seeded, resumable order over the training examples.
+"""The prompt stream: a seeded, resumable order over the training examples, and each rank's share of it.
 
 Epoch e visits the examples in the order of a permutation seeded by (seed, e); the only state is a
 cursor (how many prompts were drawn so far), so a checkpoint that stores the cursor resumes with
@@ -7,7 +7,7 @@ exactly the same prompts in the same order.
 
 from __future__ import annotations
 
-from typing import Generic, Sequence, TypeVar
+from typing import Any, Generic, Sequence, TypeVar
 
 import torch
 
@@ -43,3 +43,22 @@ class PromptStream(Generic[T]):
             out.append(self.examples[self._order_for(epoch)[pos]])
             self.cursor += 1
         return out
+
+
+class ShardedStream:
+    """Rank r's view of a shared `PromptStream`: take(n) draws n * W prompts and keeps slice r.
+
+    Every rank holds the same stream (same seed), so the cursor (the count of prompts drawn by all
+    ranks together) is the same everywhere and a checkpoint of it resumes every rank.
+    """
+
+    def __init__(self, stream: Any, rank: int, world_size: int) -> None:
+        self.stream, self.rank, self.world_size = stream, rank, world_size
+
+    cursor = property(lambda self: self.stream.cursor, lambda self, v: setattr(self.stream, "cursor", v))
+    examples = property(lambda self: self.stream.examples)
+
+    def take(self, n: int) -> list:
+        """This rank's n prompts of the next n * W (whole groups: each prompt's G completions stay here)."""
+        drawn = self.stream.take(n * self.world_size)
+        return drawn[self.rank * n:(self.rank + 1) * n]

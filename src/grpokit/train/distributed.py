@@ -46,7 +46,9 @@ import torch.distributed as tdist
 from grpokit.errors import ConfigError
 from grpokit.model.devices import backend_for, launcher_ranks, resolve_device
 from grpokit.model.logprobs import per_token_logprobs
+from grpokit.model.reference import sync_reference
 from grpokit.train import checkpoint, resume
+from grpokit.train.data import ShardedStream
 from grpokit.train.fsdp_checkpoint import load_sharded, save_sharded
 
 log = logging.getLogger("grpokit")
@@ -67,25 +69,6 @@ class LogprobsForward(torch.nn.Module):
                 temperature: float = 1.0, **kw: Any):
         return per_token_logprobs(self.model, input_ids, attention_mask, completion_length,
                                   temperature=temperature, **kw)
-
-
-class ShardedStream:
-    """Rank r's view of a shared `PromptStream`: take(n) draws n * W prompts and keeps slice r.
-
-    Every rank holds the same stream (same seed), so the cursor (the count of prompts drawn by all
-    ranks together) is the same everywhere and a checkpoint of it resumes every rank.
-    """
-
-    def __init__(self, stream: Any, rank: int, world_size: int) -> None:
-        self.stream, self.rank, self.world_size = stream, rank, world_size
-
-    cursor = property(lambda self: self.stream.cursor, lambda self, v: setattr(self.stream, "cursor", v))
-    examples = property(lambda self: self.stream.examples)
-
-    def take(self, n: int) -> list:
-        """This rank's n prompts of the next n * W (whole groups: each prompt's G completions stay here)."""
-        drawn = self.stream.take(n * self.world_size)
-        return drawn[self.rank * n:(self.rank + 1) * n]
 
 
 @dataclass
@@ -329,6 +312,15 @@ class Distributed:
                 m.set_reshard_after_forward(True, recurse=False)
             for m in [wrapper, *layers]:
                 m.reshard()   # parameters are the sharded DTensors again (those the optimizer holds)
+
+    def sync_reference(self, ref: torch.nn.Module, policy: torch.nn.Module, alpha: float) -> None:
+        """ref <- alpha * policy + (1 - alpha) * ref (`grpokit.model.reference.sync_reference`); under FSDP
+        on each rank's own shards, both roots resharded first: a root keeps its weights gathered after a
+        forward, as plain tensors that cannot be mixed with the other model's shards."""
+        for model in (ref, policy):
+            if self.fsdp and id(model) in self._wrappers:
+                self._wrappers[id(model)].reshard()
+        sync_reference(ref, policy, alpha)
 
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights on rank 0 ({} on other ranks under FSDP); a collective under FSDP."""

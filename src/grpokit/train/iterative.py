@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from safetensors.torch import load_model, save_model
 
-from grpokit.model.loading import sync_reference
 from grpokit.rewards.rm_data import RMSample, label_samples
 from grpokit.rewards.rm_train import evaluate_reward_model, make_rm_optimizer, train_reward_model
 from grpokit.train.checkpoint import CheckpointError
@@ -109,7 +108,7 @@ class RewardLoop:
         self.current = []
         self.iteration += 1
         if state.ref_model is not None:  # the next iteration's reference is the policy as it is now
-            sync_reference(state.ref_model, state.model, 1.0)
+            state.dist.sync_reference(state.ref_model, state.model, 1.0)
         if out_dir is not None:
             with open(Path(out_dir) / ITERATIONS_FILE, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")

@@ -36,7 +36,6 @@ from grpokit.core.advantages import (
     tree_advantages,
 )
 from grpokit.core.loss import k3_kl
-from grpokit.model.loading import sync_reference
 from grpokit.observe.agent_metrics import trajectory_stats
 from grpokit.observe.metrics import PhaseTimer, length_stats, nan_std, reward_stats, tensor_stats
 from grpokit.rollout.groups import Rollout
@@ -134,7 +133,7 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
         _log_bad_batch(state, rollout, "loss or gradient" if "loss" in upd else "advantages")
     if (lo.ref_model_sync_steps and state.ref_model is not None
             and (state.step + 1) % lo.ref_model_sync_steps == 0):
-        sync_reference(state.ref_model, state.model, lo.ref_model_mixup_alpha)
+        state.dist.sync_reference(state.ref_model, state.model, lo.ref_model_mixup_alpha)
     state.step += 1
     with timer("log"):
         adv_flat = (advantages if advantages.dim() == 1
