@@ -184,7 +184,8 @@ def test_server_mode_over_http(tmp_path, char_tokenizer, tiny_model):
         assert r.completion_mask.sum(-1).tolist() == [2, 6, 4, 6] * 2
         for k, v in policy_weights(state.model):               # pushed as safetensors, received intact
             assert torch.equal(engine.loaded[k], v), k
-        assert engine.calls == ["load_weights", "generate"]     # the server's GPU is never put to sleep
+        # loaded layer by layer, then sampled; the server's GPU is never put to sleep
+        assert set(engine.calls[:-1]) == {"load_weights"} and engine.calls[-1] == "generate"
     finally:
         server.shutdown()
         server.server_close()
@@ -193,23 +194,25 @@ def test_server_mode_over_http(tmp_path, char_tokenizer, tiny_model):
                      timeout=2).generate([[1]], SamplingSpec(2, 3))
 
 
-def test_server_weights_go_in_bounded_bodies_of_whole_layers(tmp_path, char_tokenizer, tiny_model,
-                                                              monkeypatch):
-    """Bodies of at most PUSH_BYTES, each a run of whole decoder layers: vLLM reloads a layer that arrives
-    in part with its missing part uninitialized (a fused qkv_proj sent as q in one body, k and v in the
-    next)."""
+def test_server_weights_go_tensor_by_tensor_and_reach_the_engine_as_whole_layers(tmp_path, char_tokenizer,
+                                                                                  tiny_model, monkeypatch):
+    """One HTTP body per tensor (the client never holds more than one tensor's copy); the server stages a
+    decoder layer's tensors and hands the engine each layer whole: vLLM reloads a layer that arrives in part
+    with its missing part uninitialized (a fused qkv_proj sent as q in one call, k and v in the next)."""
     import grpokit.rollout.vllm_backend as backend
 
     state = _state(tmp_path, char_tokenizer, tiny_model, **{"rollout.vllm_mode": "server"})
     engine = _engine(state)
+    calls: list[list[str]] = []
+    load = engine.load_weights
+    engine.load_weights = lambda weights: (calls.append([k for k, _ in weights]), load(weights))
+    bodies: list[str] = []
+    post = ServerEngine._post
+    monkeypatch.setattr(ServerEngine, "_post", lambda self, path, body, kind="application/json":
+                        (bodies.append(path), post(self, path, body, kind))[1])
     weights = list(policy_weights(state.model))
-    layers: dict[str, int] = {}
-    for k, v in weights:
-        group = backend.weight_group(k)
-        layers[group] = layers.get(group, 0) + v.numel() * v.element_size()
-    assert any(".layers." in g for g in layers) and len(layers) > 3
-    limit = max(layers.values()) + 1                                # every body: about one layer
-    monkeypatch.setattr(backend, "PUSH_BYTES", limit)
+    groups = list(dict.fromkeys(backend.weight_group(k) for k, _ in weights))
+    assert sum(".layers." in g for g in groups) >= 2 and len(groups) > 3
     server = make_server(engine, "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -218,17 +221,14 @@ def test_server_weights_go_in_bounded_bodies_of_whole_layers(tmp_path, char_toke
     finally:
         server.shutdown()
         server.server_close()
-    chunks = list(backend.weight_chunks(weights, limit))
-    assert engine.calls.count("load_weights") == len(chunks) > 1
-    assert all(sum(v.numel() * v.element_size() for v in c.values()) <= limit for c in chunks)
-    owner = {g: [i for i, c in enumerate(chunks) if any(backend.weight_group(k) == g for k in c)]
-             for g in layers}
-    assert all(len(found) == 1 for found in owner.values()), owner      # no layer split between bodies
-    assert engine.loaded.keys() == dict(weights).keys()
+    assert len(bodies) == len(weights)                                  # one body per tensor
+    assert bodies.count("/load_weights") == len(groups)                 # each group's last tensor
+    assert [sorted({backend.weight_group(k) for k in c}) for c in calls] == [[g] for g in groups]
+    assert [k for c in calls for k in c] == [k for k, _ in weights]    # each layer whole, in order
     assert all(torch.equal(engine.loaded[k], v) for k, v in weights)
-    big = [(f"model.layers.0.w{i}", torch.zeros(100)) for i in range(3)]   # a layer larger than the limit
-    assert [list(c) for c in backend.weight_chunks(big + [("lm_head.weight", torch.zeros(10))], 500)] == \
-        [[n for n, _ in big], ["lm_head.weight"]]
+    split = list(backend.with_group_ends([("model.layers.0.a", 0), ("model.layers.0.b", 0),
+                                          ("model.layers.1.a", 0), ("lm_head.weight", 0)]))
+    assert [last for _, _, last in split] == [False, True, True, True]
 
 
 def test_rollout_from_samples_rejects_a_wrong_group_size(char_tokenizer):

@@ -279,14 +279,11 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 240.0) -> N
     raise AssertionError(f"grpokit vllm-serve did not answer {url}/health within {timeout} s")
 
 
-def test_server_mode_on_loopback_learns_syncs_every_step_and_runs_the_tool_loop(tmp_path, char_tok,
-                                                                                monkeypatch):
-    import grpokit.rollout.vllm_backend as backend
+def test_server_mode_on_loopback_learns_syncs_every_step_and_runs_the_tool_loop(tmp_path, char_tok):
     from grpokit.rollout.vllm_backend import save_plain_folder
 
-    # every push in bodies of one decoder layer each, as a model larger than PUSH_BYTES goes: a layer split
-    # between bodies would reach the engine half uninitialized, and the probes' sync check would see it
-    monkeypatch.setattr(backend, "PUSH_BYTES", 1)
+    # every push goes tensor by tensor and the server reloads each decoder layer whole: a layer handed to
+    # vLLM in part would be half uninitialized, and the probes' sync check after each push would see it
 
     folder = tmp_path / "start"
     model = tiny64(char_tok)

@@ -16,7 +16,9 @@ Endpoints (one engine call at a time; requests from several ranks queue):
                           sampled turns, inserted tool results), nothing re-tokenized; max_tokens per
                           prompt overrides spec.max_tokens (what is left of each row's budget)
     POST /load_weights    a safetensors blob of some of the policy's weights (rank 0, after each update,
-                          in bodies of at most vllm_backend.PUSH_BYTES; each is loaded as it comes)
+                          one tensor each): loaded together with the tensors staged before it;
+                          /load_weights?more=1 only stages it (more of its decoder layer follow: vLLM
+                          must receive a layer whole)
     POST /sleep, /wake_up
 """
 
@@ -39,6 +41,7 @@ log = logging.getLogger("grpokit")
 def make_server(engine: GenerationEngine, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
     """An HTTP server around any `GenerationEngine` (port 0 picks a free one: server.server_address)."""
     lock = threading.Lock()   # engines are not re-entrant
+    staged: dict = {}         # tensors of a decoder layer whose last tensor has not arrived yet
 
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, payload: object, code: int = 200) -> None:
@@ -76,8 +79,12 @@ def make_server(engine: GenerationEngine, host: str = "127.0.0.1", port: int = 8
                 samples = (engine.generate(req["prompt_ids"], spec) if limits is None
                            else engine.generate(req["prompt_ids"], spec, max_tokens=limits))
                 return {"samples": [[asdict(s) for s in group] for group in samples]}
-            if self.path == "/load_weights":
-                engine.load_weights(load(body).items())
+            path, _, query = self.path.partition("?")
+            if path == "/load_weights":
+                staged.update(load(body))
+                if query != "more=1":                     # the layer is complete: load it whole
+                    engine.load_weights(list(staged.items()))
+                    staged.clear()
                 return {"ok": True}
             if self.path in ("/sleep", "/wake_up"):
                 getattr(engine, self.path[1:])()

