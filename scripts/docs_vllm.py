@@ -81,4 +81,26 @@ def samplers() -> str:
     )
 
 
-BLOCKS = {"vllm.md": {"vllm-mismatch": mismatch, "vllm-samplers": samplers}}
+def server_push() -> str:
+    """`benchmarks/server_push.py` per client (alternated runs against one server): push seconds and the
+    server's log-prob agreement with the pushed model after each push."""
+    runs = rows("server_push_smollm2.jsonl")
+    out = []
+    for label in dict.fromkeys(r["label"] for r in runs):
+        pushes = [r for r in runs if r["label"] == label]
+        seconds = [r["push_s"] for r in pushes]
+        out.append([label, len(pushes), f"{statistics.median(seconds):.2f}", _range(seconds, ".2f"),
+                    f"{max(r['max_abs_logprob_diff'] for r in pushes):.1e}"])
+    first = runs[0]
+    return (
+        table(["client", "pushes", "push s (median)", "push s (range)", "max abs log-prob diff after a push"],
+              out)
+        + f"\n\n{first['machine']}, {first['date']}, SmolLM2-135M-Instruct ({first['tensors']} tensors, "
+        + "float32) served by `grpokit vllm-serve --dtype float32 --threads 1` on core 0, the client on "
+        + "core 1, the two clients alternated (old, new, new, old, old, new; 2 pushes each): `"
+        + first["command"].replace(f"--label {first['label']}", "--label L").replace("/work/main/", "")
+        + "`. Raw rows: `benchmarks/results/server_push_smollm2.jsonl`."
+    )
+
+
+BLOCKS = {"vllm.md": {"vllm-mismatch": mismatch, "vllm-samplers": samplers, "vllm-server-push": server_push}}
