@@ -5,7 +5,8 @@
 #      the CPU trains on the GPU, a reward model follows the policy, model.device=cpu leaves the GPU alone,
 #      a run repeats and resumes bit for bit on the GPU, the deterministic prompt-cache gather, bf16 sampling
 #      against the update's log-probs; pytest's "no tests ran" counts as a failure
-#   3. two gloo ranks with model.device=cpu on this GPU host (torchrun): the backend follows the device
+#   3. two gloo ranks with model.device=cpu on this GPU host (torchrun): the backend follows the device,
+#      the command ends its process group; the shipped demo with LoRA and a KL reference on the GPU
 #   4. GRPO steps of SmolLM2-135M's shape: grpokit's sampler in bf16 (A/B/A against the GPU paths of
 #      before 2026-12-04) and in fp32, transformers' generate as
 #      the peer sampler, and vLLM when vLLM built for CUDA is importable (scripts/gpu_run.py)
@@ -61,6 +62,14 @@ if ! grep -q "computes on cpu, backend gloo" "$GLOO_LOG"; then
     echo "gpu_check: gloo-ranks-on-gpu-host: no 'computes on cpu, backend gloo' line in $GLOO_LOG"
     failed+=("gloo-ranks-on-gpu-host (backend)")
 fi
+if ! grep -q "distributed: process group closed" "$GLOO_LOG"; then   # the command ends its ranks itself
+    echo "gpu_check: gloo-ranks-on-gpu-host: no 'process group closed' line in $GLOO_LOG"
+    failed+=("gloo-ranks-on-gpu-host (end of the group)")
+fi
+# the shipped demo (from_pretrained) with LoRA and a KL reference on the GPU: transformers' hub kernels stay
+# off (they re-kernelized on every train()/eval(), deleting the switch's forwards; on a GPU they fetch kernels)
+step demo-lora-cuda 45 "$PY" -m grpokit train model.lora_r=8 run.max_steps=2 run.eval_limit=8 \
+    run.progress=false "run.output_dir=$DIR/demo_lora" run.overwrite=true
 # grpokit's sampler in bf16 with today's GPU paths, as before 2026-12-04 (--before-gpu-fixes), today's again
 step grpo-fast-bf16 75 "$PY" scripts/gpu_run.py --backend fast --steps 6 --results "$RESULTS"
 step grpo-fast-bf16-before 75 "$PY" scripts/gpu_run.py --backend fast --steps 6 --before-gpu-fixes \
