@@ -204,9 +204,9 @@ def end_ranks(state: TrainState | None) -> None:
     them with this call. One process, or a group someone else opened: nothing to do."""
     if state is None or not state.dist.owns_group:
         return
-    state.dist.barrier()
-    if state.rollout_engine is not None and hasattr(state.rollout_engine, "shutdown"):
-        state.rollout_engine.shutdown()      # vLLM's teardown ends the default group too (it checks first)
+    if state.rollout_engine is not None:     # every rank done sampling; vLLM's teardown ends its groups and
+        state.dist.barrier()                 # the default one too (close() checks before its own barrier)
+        state.rollout_engine.shutdown()
     state.dist.close()
 
 
