@@ -1,9 +1,11 @@
 """The package's import structure: no cycles, every module importable alone, the pure math light.
 
-The graph is read from the source (AST), so it counts imports inside functions too; imports under
-`if TYPE_CHECKING:` are left out (they never run). Function-level imports are kept for optional or
-heavy third-party packages only (matplotlib, tqdm, vllm, wandb, math-verify, ...): a grpokit module
-imported inside a function would hide a cycle, so there is none, bar the allow-list below.
+The graph is read from the source (AST), so it counts every import statement: those inside functions
+and those under `if TYPE_CHECKING:` too. A type-only import never runs, but it still ties the two files
+together for a reader (each must be understood with the other), so a cycle through one is a cycle.
+Function-level imports are kept for optional or heavy third-party packages only (matplotlib, tqdm, vllm,
+wandb, math-verify, ...): a grpokit module imported inside a function would hide a cycle, so there is
+none, bar the allow-list below.
 """
 
 from __future__ import annotations
@@ -20,13 +22,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "grpokit"
 FUNCTION_LEVEL_ALLOWED: dict[tuple[str, str], str] = {}
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _is_type_checking(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
 def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, modules: set[str]) -> set[str]:
@@ -46,17 +44,15 @@ def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, m
     return out & modules
 
 
-def import_graph() -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
+def import_graph(package: Path = PACKAGE) -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
     """({module: modules it imports}, [(importer, imported, line) of imports inside a function])."""
-    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    paths = {module_name(p, package): p for p in package.rglob("*.py")}
     modules = set(paths)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     inside: list[tuple[str, str, int]] = []
 
     def visit(node: ast.AST, module: str, is_package: bool, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if _is_type_checking(child):
-                continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 for target in _targets(module, is_package, child, modules) - {module}:
                     graph[module].add(target)
@@ -70,32 +66,46 @@ def import_graph() -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
     return graph, inside
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as [a, b, ..., a], or None (depth-first search, three colours)."""
-    state: dict[str, int] = {}
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other (directly or round a loop), each sorted: the strongly
+    connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
     stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
 
-    def dfs(v: str) -> list[str] | None:
-        state[v] = 1
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
         stack.append(v)
-        for w in sorted(graph[v]):
-            if state.get(w) == 1:
-                return stack[stack.index(w):] + [w]
-            if w not in state and (cycle := dfs(w)):
-                return cycle
-        stack.pop()
-        state[v] = 2
-        return None
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
 
     for v in sorted(graph):
-        if v not in state and (cycle := dfs(v)):
-            return cycle
-    return None
+        if v not in index:
+            connect(v)
+    return sorted(out)
 
 
-def test_find_cycle_finds_a_planted_cycle():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set()}) is None
+def test_circles_finds_planted_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d"}, "f": {"a"}}
+    assert circles(graph) == [["a", "b", "c"], ["d", "e"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
 
 
 def test_graph_reads_function_level_and_relative_imports():
@@ -104,10 +114,26 @@ def test_graph_reads_function_level_and_relative_imports():
     assert len(graph) > 40 and all(m.startswith("grpokit") for m in graph)
 
 
+def test_graph_counts_type_checking_and_function_level_imports(tmp_path):
+    """A cycle closed by an import under `if TYPE_CHECKING:` or inside a function is a cycle."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\n"
+                              "if TYPE_CHECKING:\n    from pkg.a import X\n")
+    (pkg / "c.py").write_text("import pkg.d\n")
+    (pkg / "d.py").write_text("def f():\n    from . import c\n    return c\n")
+    graph, inside = import_graph(pkg)
+    assert circles(graph) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
+    assert inside == [("pkg.d", "pkg.c", 2)]
+
+
 def test_no_import_cycles():
+    """No two modules import each other, at any depth, counting type-only and function-level imports."""
     graph, _ = import_graph()
-    cycle = find_cycle(graph)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    found = circles(graph)
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_no_grpokit_imports_inside_functions():

@@ -2,6 +2,8 @@
 
     model, tok = plain_caller()   # "What is 12*34?" -> <tool_call>multiply(12,34)</tool_call>...
     model, tok = chat_caller()    # the same as Hermes chat turns (<|im_start|> ... <|im_end|>)
+    model, tok = llama_caller()   # the same as Llama 3.1 turns: bare JSON {"name", "parameters"}, <|eot_id|>
+    tok = template_tokenizer(text, eos)   # the char tokenizer under any chat template's text (e.g. TRL's)
 
 Memorizing (a few hundred full-batch Adam steps on a handful of traces) makes the model emit the calls
 with high probability even when sampling, so multi-turn rollouts have tool turns to test.
@@ -10,6 +12,7 @@ with high probability even when sampling, so multi-turn rollouts have tool turns
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 
@@ -25,8 +28,9 @@ HERMES = (
     "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
     "{% for m in messages %}"
     "{% if m.role == 'assistant' %}<|im_start|>assistant\n"
-    "{% if m.reasoning_content and (KEEP or loop.index0 == ns.last) %}"
-    "<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}"
+    "{% if KEEP %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    "{% elif loop.index0 == ns.last and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>"
+    "{% elif loop.last %}<think></think>{% endif %}{{ m.content }}"
     "{% for c in m.tool_calls or [] %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
     "{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
     "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
@@ -34,9 +38,39 @@ HERMES = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+# Llama 3.1's tool markup (header ids, a call as bare JSON with "parameters", results as ipython turns,
+# <|eot_id|> ending each turn) in a short template: the real one's system prompt is ~600 characters.
+LLAMA = (
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\n"
+    "{% for t in tools %}{{ t.function.name }} {% endfor %}<|eot_id|>{% endif %}"
+    "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% for c in m.tool_calls %}"
+    "{\"name\": \"{{ c.function.name }}\", \"parameters\": {{ c.function.arguments | tojson }}}{% endfor %}"
+    "<|eot_id|>{% elif m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n"
+    "{{ m.content }}<|eot_id|>"
+    "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+# What a template writes as one token: <|x|>, <|x>, <x|>, DeepSeek's <｜x｜>, Gemma's <eos> / <bos>.
+_SPECIAL = re.compile(r"<\|[^<>|\s]+\|>|<\|[a-z_]+>|<[a-z_]+\|>|<｜[^｜]+｜>|<eos>|<bos>")
+
+
+def template_tokenizer(template: str, eos: list[str]):
+    """The char tokenizer with `template` as its chat template: every special-token spelling in the
+    template (and in `eos`) one token, non-ASCII characters added; the tokenizer's EOS is eos[0]."""
+    tok = build_char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": sorted(set(_SPECIAL.findall(template)) | set(eos))})
+    tok.add_tokens(sorted({c for c in template if ord(c) > 126}))
+    tok.eos_token = eos[0]
+    tok.chat_template = template
+    return tok
+
+
 def chat_tokenizer(prefix_preserving: bool = True):
     """The char tokenizer with ChatML special tokens and a Hermes-style tool template; EOS is <|im_end|>.
-    prefix_preserving=False: the template drops an earlier assistant turn's reasoning (as Qwen3's does)."""
+    prefix_preserving=False: the template keeps only the last assistant turn's reasoning, and, as Qwen3's,
+    writes an empty <think></think> on an assistant turn that is the conversation's last message only (so a
+    tool-calling turn renders differently once its results follow)."""
     tok = build_char_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.eos_token = "<|im_end|>"
@@ -88,9 +122,9 @@ def chat_messages(prompt: str) -> list[dict]:
     return [{"role": "user", "content": prompt}]
 
 
-@functools.lru_cache(maxsize=2)
-def _chat_state(prefix_preserving: bool) -> dict:
-    tok = chat_tokenizer(prefix_preserving)
+def _chat_traces(tok) -> tuple[list[str], list[str]]:
+    """(prompts, targets): each prompt rendered by `tok`'s template, its target the conversation's rest
+    (a multiply call, its result, the boxed answer) without the final EOS, which encode_pairs adds."""
     schema = [{"type": "function", "function": {"name": "multiply"}}]
     prompts, targets = [], []
     for p in PROMPTS:
@@ -104,8 +138,16 @@ def _chat_state(prefix_preserving: bool) -> dict:
                                        tokenize=False)
         full = tok.apply_chat_template(convo, tools=schema, tokenize=False)
         prompts.append(head)
-        targets.append(full[len(head):].removesuffix("<|im_end|>\n"))   # encode_pairs adds the EOS
-    return _memorize(tok, prompts, targets, 150, seed=1).state_dict()
+        targets.append(full[len(head):].removesuffix("\n").removesuffix(tok.eos_token))
+    return prompts, targets
+
+
+@functools.lru_cache(maxsize=2)
+def _chat_state(prefix_preserving: bool) -> dict:
+    prompts, targets = _chat_traces(chat_tokenizer(prefix_preserving))
+    # lr 5e-3: at 1e-2 Adam's loss spikes near step 130-150 (0.26 at step 150 with 1 thread, 0.05 with 2),
+    # so whether the caller calls its tool depended on the thread count; at 5e-3 the loss is 0.005 at both
+    return _memorize(chat_tokenizer(prefix_preserving), prompts, targets, 150, seed=1, lr=5e-3).state_dict()
 
 
 def chat_caller(prefix_preserving: bool = True):
@@ -113,4 +155,24 @@ def chat_caller(prefix_preserving: bool = True):
     tok = chat_tokenizer(prefix_preserving)
     model = tiny_random_model(tok, seed=1)
     model.load_state_dict(_chat_state(prefix_preserving))
+    return model, tok
+
+
+def llama_tokenizer():
+    """The char tokenizer under the Llama-3.1-style template `LLAMA`; EOS is <|eot_id|>."""
+    return template_tokenizer(LLAMA, ["<|eot_id|>"])
+
+
+@functools.lru_cache(maxsize=1)
+def _llama_state() -> dict:
+    tok = llama_tokenizer()
+    prompts, targets = _chat_traces(tok)
+    return _memorize(tok, prompts, targets, 150, seed=1, lr=5e-3).state_dict()
+
+
+def llama_caller():
+    """(model, Llama-style tokenizer): PROMPTS answered with a bare-JSON multiply call, then the answer."""
+    tok = llama_tokenizer()
+    model = tiny_random_model(tok, seed=1)
+    model.load_state_dict(_llama_state())
     return model, tok

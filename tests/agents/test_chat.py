@@ -27,6 +27,16 @@ def test_results_are_the_template_tool_message_after_the_assistant_eos():
                                "<|im_start|>assistant\n")
 
 
+def test_a_template_that_renders_the_last_assistant_turn_apart_still_gives_the_bare_result():
+    """The non-prefix-preserving template writes <think></think> on the last assistant turn only (as Qwen3):
+    before, the result was cut where [user, call] and [user, call, result] first differ, inside the assistant
+    turn, and began with the call's own text ('tool_call>{...}</tool_call><|im_end|>...')."""
+    tok = chat_tokenizer(prefix_preserving=False)
+    ids = ChatFormat(tok, [tok.eos_token_id]).render([ToolCall("multiply", {"a": 1}, "408")])
+    assert tok.decode(ids) == ("\n<|im_start|>user\n<tool_response>408</tool_response><|im_end|>\n"
+                               "<|im_start|>assistant\n")
+
+
 def test_hermes_calls_are_parsed_and_the_content_kept():
     tok = chat_tokenizer()
     fmt = ChatFormat(tok, [tok.eos_token_id])

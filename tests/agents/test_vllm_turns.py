@@ -132,7 +132,12 @@ def test_engine_turns_apply_the_limits_and_give_errors_to_the_model(tmp_path):
     model, tok = plain_caller()
     r = _sample(_state(tmp_path / "it", model, tok, **{"rollout.max_tool_calling_iterations": 0}),
                 TorchEngine(model))
-    assert {t.stop for t in r.trajectories} == {"iterations"} and r.completion_mask.sum() == r.loss_mask.sum()
+    # no call runs: a row that called stops at "iterations" with its one turn, one that did not (sampling
+    # can miss the memorized call on another CPU's rounding) answered ("done") or ran out ("length")
+    stops = [t.stop for t in r.trajectories]
+    assert stops.count("iterations") >= 8 and set(stops) <= {"iterations", "done", "length"}, stops
+    assert all(len(t.turns) == 1 and not any(c.result for c in t.calls) for t in r.trajectories)
+    assert r.completion_mask.sum() == r.loss_mask.sum()          # no tool result was inserted
     r = _sample(_state(tmp_path / "len", model, tok, **{"rollout.max_completion_length": 30}),
                 TorchEngine(model))
     assert r.completion_ids.shape[1] <= 30 and {"budget", "length"} & {t.stop for t in r.trajectories}

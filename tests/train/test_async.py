@@ -3,6 +3,7 @@ bit; lags follow the fixed schedule and never exceed K, even with a slow worker;
 the weights pushed every N steps; a killed worker is restarted with the same numbers, or the run stops with
 one line; a killed run resumes to the weights of an uninterrupted one (CPU, tiny random model)."""
 
+import os
 import signal
 from pathlib import Path
 
@@ -77,6 +78,22 @@ def test_k0_through_the_worker_equals_the_synchronous_run_bit_for_bit(tmp_path):
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
     assert [r["async/policy_lag"] for r in b] == [0.0] * 4
     assert all("tis/mean_weight" not in r for r in b)   # on-policy: no correction applied
+
+
+def test_k0_at_the_default_thread_count_equals_the_synchronous_run_bit_for_bit(tmp_path):
+    """The user's default: torch's threads on every core and rollout.async.worker_threads=0. With K = 0 the
+    trainer and the worker take turns, so the worker samples on the trainer's thread count and nothing is
+    pinned: the same reductions as the synchronous run (before 2026-12-06 the worker took half the cores and
+    the trainer the rest, and the weights differed)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cores < 2:
+        pytest.skip("one core: nothing to split")
+    torch.set_num_threads(cores)               # the default a user gets (one_thread restores its own after)
+    sync, worker = tmp_path / "sync", tmp_path / "k0"
+    train_grpo(tiny(sync, K=None, **{"run.max_steps": 4}))
+    train_grpo(tiny(worker, K=0, **{"run.max_steps": 4, "rollout.async.worker_threads": 0}))
+    assert torch.get_num_threads() == cores    # the trainer's threads are its own again
+    assert_same_weights(final_weights(sync), final_weights(worker))
 
 
 def test_lags_follow_the_schedule_and_a_slow_worker_blocks_the_trainer(tmp_path, monkeypatch):

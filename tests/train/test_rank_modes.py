@@ -2,16 +2,20 @@
 KL reference, a damaged newest sharded checkpoint, Algorithm 1 with one reward model for all ranks, and an
 agent run whose environments' random states each rank resumes as its own."""
 
+import dataclasses
+import datetime
 import hashlib
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 from easy_task import EASY, PROMPTS
 from grpokit.config.schema import build_config
@@ -75,6 +79,40 @@ def _rm_hash(rm) -> str:
     return h.hexdigest()
 
 
+def _iterative_cfg(out: str, rm_path: str, **over):
+    values = {"model.name_or_path": "builtin:tiny-random", "task.name": "arithmetic", "task.num_train": 64,
+              "reward.funcs": {f"rm:{rm_path}": 1.0}, "rollout.prompts_per_step": 2,
+              "rollout.num_generations": 4, "rollout.max_completion_length": 8, "optim.learning_rate": 3e-3,
+              "run.eval_limit": 0, "run.progress": False, "run.output_dir": out, "run.max_steps": 4,
+              "run.iterations": 2, "run.steps_per_iteration": 2, "run.save_steps": 2,
+              "rm.learning_rate": 1e-2, "rm.train_batch_size": 4, "rm.replay_share": 0.25}
+    values.update(over)
+    return build_config(values)
+
+
+class _StopAfter(TrainerCallback):
+    """Ends the run after step `step` (every rank holds one, so every rank stops there)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= self.step
+
+
+def _iterative_resume(out: str, rm_path: str) -> dict:
+    """Algorithm 1 on 2 ranks, 4 steps straight; cut after step 3 (its checkpoint inside iteration 2, each
+    rank holding its own step-3 samples), then resumed to 4: the RM and the replay pool after iteration 2."""
+    def record(state) -> dict:
+        pool = [dataclasses.asdict(s) for s in state.reward_loop.history]
+        return {"rm": _rm_hash(state.reward_loop.rm), "pool": json.dumps(pool, sort_keys=True)}
+
+    straight = train_grpo(_iterative_cfg(out + "/straight", rm_path, **{"run.save_steps": 1}))
+    train_grpo(_iterative_cfg(out + "/cut", rm_path, **{"run.save_steps": 1}), callbacks=[_StopAfter(3)])
+    resumed = train_grpo(_iterative_cfg(out + "/cut", rm_path, **{"run.save_steps": 1, "run.resume": True}))
+    return {"straight": record(straight), "resumed": record(resumed)}
+
+
 def _iterative(out: str, rm_path: str, fsdp: bool = False) -> dict:
     """Algorithm 1 on 2 ranks: the RM's hash after every iteration, and the saved RM's; whether the reference
     equals the policy right after each iteration's reset (under FSDP: the gathered weights, on rank 0)."""
@@ -86,15 +124,8 @@ def _iterative(out: str, rm_path: str, fsdp: bool = False) -> dict:
             ref, policy = (state.dist.full_state_dict(m) for m in (state.ref_model, state.model))
             reset.append(sorted(ref) == sorted(policy) and all(torch.equal(ref[k], policy[k]) for k in ref))
 
-    cfg = build_config({"model.name_or_path": "builtin:tiny-random", "task.name": "arithmetic",
-                        "task.num_train": 64, "reward.funcs": {f"rm:{rm_path}": 1.0},
-                        "rollout.prompts_per_step": 2, "rollout.num_generations": 4,
-                        "rollout.max_completion_length": 8, "optim.learning_rate": 3e-3, "run.eval_limit": 0,
-                        "run.progress": False, "run.output_dir": out + "/run", "run.max_steps": 4,
-                        "run.iterations": 2, "run.steps_per_iteration": 2, "run.save_steps": 2,
-                        "rm.learning_rate": 1e-2, "rm.train_batch_size": 4, "rm.replay_share": 0.25,
-                        "run.fsdp": fsdp})
-    state = train_grpo(cfg, hooks={"after_step": watch})
+    state = train_grpo(_iterative_cfg(out + "/run", rm_path, **{"run.fsdp": fsdp}),
+                       hooks={"after_step": watch})
     saved = load_file(Path(out) / "run" / "checkpoint-4" / "reward_model.safetensors")
     live = state.reward_loop.rm.model.state_dict()
     return {"hashes": hashes, "final": _rm_hash(state.reward_loop.rm), "reset": reset,
@@ -122,7 +153,29 @@ def _agent_resume(out: str, extra: str) -> dict:
             "env_resumed": json.dumps(resumed.agent.rng_state())}
 
 
-TASKS = {"fsdp_lora": _fsdp_lora, "iterative": _iterative, "agent_resume": _agent_resume,
+def _slow_eval(out: str, extra: str) -> dict:
+    """A process group whose collectives time out after 8 s, and rank 0's first evaluation taking 16 s:
+    rank 1 waits for it (before 2026-12-06 it went on into the first step's collectives and timed out)."""
+    torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
+    slowed = []
+
+    def slow_on_rank_0(prompts, completions, **kw):   # the evaluation scores 3 completions, a step 1 x 4
+        if int(os.environ["RANK"]) == 0 and len(completions) == 3 and not slowed:
+            slowed.append(time.sleep(16))
+        return [0.0] * len(completions)
+
+    cfg = build_config({"model.name_or_path": "builtin:tiny-random", "reward.funcs": {EASY: 1.0},
+                        "rollout.prompts_per_step": 2, "rollout.num_generations": 4,
+                        "rollout.max_completion_length": 4, "run.output_dir": out + "/run",
+                        "run.progress": False, "run.max_steps": 1, "run.save_steps": 0, "run.eval_limit": 3})
+    state = train_grpo(cfg, train_examples=PROMPTS, eval_examples=PROMPTS[:3],
+                       reward_funcs=[("slow", slow_on_rank_0, 1.0)])
+    evals = (Path(out) / "run" / "eval.jsonl").read_text().splitlines() if state.dist.is_main else []
+    return {"step": state.step, "evals": [json.loads(line)["tag"] for line in evals], "slowed": len(slowed)}
+
+
+TASKS = {"fsdp_lora": _fsdp_lora, "slow_eval": _slow_eval, "iterative": _iterative,
+         "agent_resume": _agent_resume, "iterative_resume": _iterative_resume,
          "iterative_fsdp": lambda out, rm_path: _iterative(out, rm_path, fsdp=True)}
 
 
@@ -142,15 +195,19 @@ def test_fsdp_with_lora_and_a_reference_trains_and_resumes_bit_identically(tmp_p
     assert merged.config.model_type == "qwen2"
 
 
-@pytest.mark.parametrize("mode", ["iterative", "iterative_fsdp"], ids=["ddp", "fsdp"])
-def test_algorithm_1_keeps_one_reward_model_on_every_rank(tmp_path, mode):
+def _saved_rm(tmp_path: Path) -> str:
     from grpokit.rewards.rm_train import init_reward_model, save_reward_model
 
     rm = tmp_path / "rm"
     model, tok = init_reward_model("builtin:tiny-random", "outcome", seed=0)
     save_reward_model(model, tok, rm, kind="outcome", step_separator="\n", init="builtin:tiny-random",
                       report={})
-    ranks = _spawn(mode, tmp_path / "dist", str(rm))
+    return str(rm)
+
+
+@pytest.mark.parametrize("mode", ["iterative", "iterative_fsdp"], ids=["ddp", "fsdp"])
+def test_algorithm_1_keeps_one_reward_model_on_every_rank(tmp_path, mode):
+    ranks = _spawn(mode, tmp_path / "dist", _saved_rm(tmp_path))
     # the reference reset to the policy at each iteration's end (under FSDP it crashed before 2026-12-05:
     # the policy's root kept gathered plain tensors that sync_reference mixed with the reference's shards)
     assert ranks[0]["reset"] == [True, True]
@@ -159,6 +216,25 @@ def test_algorithm_1_keeps_one_reward_model_on_every_rank(tmp_path, mode):
     assert ranks[0]["final"] == ranks[1]["final"] and ranks[0]["saved_equal"] and ranks[1]["saved_equal"]
     # both ranks' samples (2 steps x 2 prompts x 4 completions per iteration) in the one replay pool
     assert ranks[0]["samples"] == ranks[1]["samples"] == 2 * 2 * 2 * 4
+
+
+def test_algorithm_1_resumed_inside_an_iteration_trains_the_rm_on_every_ranks_own_samples(tmp_path):
+    """A checkpoint inside an iteration keeps every rank's samples of it, and each rank resumes its own: the
+    RM after the iteration and the replay pool are those of the straight run (before 2026-12-06 rank 0 saved
+    only its own samples and every rank loaded them: rank 0's counted twice, rank 1's were lost)."""
+    ranks = _spawn("iterative_resume", tmp_path / "dist", _saved_rm(tmp_path))
+    for r in ranks:
+        assert r["resumed"]["pool"] == r["straight"]["pool"]
+        assert r["resumed"]["rm"] == r["straight"]["rm"]
+    assert len(json.loads(ranks[0]["straight"]["pool"])) == 2 * 2 * 2 * 4 and ranks[0] == ranks[1]
+    blob = torch.load(tmp_path / "dist" / "cut" / "checkpoint-3" / "reward_loop.pt", weights_only=True)
+    assert [len(share) for share in blob["current_by_rank"]] == [4, 4]   # step 3: 1 prompt x 4 per rank
+
+
+def test_the_other_ranks_wait_for_an_evaluation_longer_than_the_process_groups_timeout(tmp_path):
+    ranks = _spawn("slow_eval", tmp_path)
+    assert [r["step"] for r in ranks] == [1, 1] and [r["slowed"] for r in ranks] == [1, 0]
+    assert ranks[0]["evals"] == ["before", "after"]
 
 
 def test_an_agent_run_resumes_every_ranks_environments_bit_identically(tmp_path):

@@ -2,11 +2,13 @@
 
 Two formats (`rollout.tool_format`):
 
-    chat   the chat template's own: the turn ends at EOS (e.g. Qwen's <|im_end|>); its calls are read by
-           the tokenizer's `response_template` when it has one (transformers' `parse_response`, as TRL),
-           else as Hermes / Qwen2.5 blocks  <tool_call>{"name": ..., "arguments": {...}}</tool_call>;
-           the results are the template's rendering of `tool` messages after an assistant turn (what
-           follows the assistant's EOS up to the next assistant header), tokenized alone.
+    chat   the chat template's own: the turn ends at EOS (e.g. Qwen's <|im_end|>, Llama's <|eot_id|>,
+           GPT-OSS's <|call|>); its calls are read by the tokenizer's `response_template` when it has one
+           (transformers' `parse_response`, as TRL), else by grpokit's parser for the template's family
+           (`grpokit.agents.tool_parsers`: Hermes / Qwen3 JSON blocks, Qwen3.5 / Coder XML, GLM-4, Llama 3.1
+           bare JSON, GPT-OSS harmony, Gemma 4, LFM2); a template of no known family without a
+           `response_template` is refused. The results are the template's rendering of `tool` messages
+           after an assistant turn that called (what follows that turn's EOS), tokenized alone.
     plain  for models without a tool template (text prompts): the turn ends right after
            </tool_call>, whose body is either the JSON above or a Python-style call with literal
            arguments, e.g.  <tool_call>multiply(123, 4567)</tool_call>  (positional arguments bind to
@@ -22,12 +24,14 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 from typing import Any
 
 import torch
+from jinja2 import TemplateError
 
+from grpokit.agents.tool_parsers import FAMILIES, PARSERS, family_of, json_call, requests_of
 from grpokit.agents.tools import CallRequest, Tool
+from grpokit.errors import ConfigError
 from grpokit.rollout.trajectory import ToolCall
 
 # A minimal ChatML template with Hermes-style tool calls (`<tool_call>{json}</tool_call>`, results as
@@ -44,7 +48,6 @@ HERMES_TEMPLATE = (
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
-_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 
 
 def parse_call(body: str) -> tuple[str, tuple, dict[str, Any]]:
@@ -55,19 +58,10 @@ def parse_call(body: str) -> tuple[str, tuple, dict[str, Any]]:
     """
     body = body.strip()
     if body.startswith("{"):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"the call is not valid JSON ({e.msg})") from None
-        args = obj.get("arguments", obj.get("parameters", {})) if isinstance(obj, dict) else None
-        if isinstance(args, str):   # some models write the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                args = None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(args, dict):
-            raise ValueError('a JSON call needs {"name": "...", "arguments": {...}}')
-        return obj["name"], (), args
+        call = json_call(body)
+        if call.error is not None:
+            raise ValueError(call.error)
+        return call.name, (), call.arguments
     try:
         node = ast.parse(body, mode="eval").body
     except SyntaxError:
@@ -150,8 +144,13 @@ class PlainFormat:
 
 
 class ChatFormat:
-    """The chat template's tool turns: calls parsed by response_template (or Hermes blocks), results
-    rendered as the template's `tool` messages."""
+    """The chat template's tool turns: calls read by the tokenizer's response_template or the template
+    family's parser (`grpokit.agents.tool_parsers`), results rendered as the template's `tool` messages.
+
+    Raises:
+        ConfigError: the template's calls cannot be read (no known family, no response_template), or its tool
+            results cannot be cut cleanly after an assistant's EOS.
+    """
 
     name = "chat"
 
@@ -159,6 +158,18 @@ class ChatFormat:
         self.tokenizer, self.eos_ids = tokenizer, set(eos_ids)
         self.kwargs = dict(chat_template_kwargs or {})
         self.stop_ids = torch.tensor(sorted(self.eos_ids))
+        self.eos_texts = sorted({t for t in (tokenizer.decode([i]) for i in self.eos_ids) if t})
+        self.family = family_of(getattr(tokenizer, "chat_template", None))
+        if getattr(tokenizer, "response_template", None) is None and self.family is None:
+            raise ConfigError("rollout.tool_format=chat: grpokit cannot read this chat template's tool calls "
+                              f"(it parses the {', '.join(FAMILIES)} families): set "
+                              "tokenizer.response_template (transformers' response parsing; TRL's "
+                              "add_response_schema sets one for the templates it knows), or use "
+                              "rollout.tool_format=plain")
+        probe = self._results_text([ToolCall("name_7f3a", {}, "result_7f3a")])
+        if "result_7f3a" not in probe:
+            raise ConfigError(f"rollout.tool_format=chat: the template's tool results after an assistant's "
+                              f"EOS ({probe!r}) do not hold the result: use rollout.tool_format=plain")
         self.prefix_preserving = template_is_prefix_preserving(tokenizer, self.kwargs)
 
     def turn_ended(self, turn: list[int]) -> bool:
@@ -169,6 +180,7 @@ class ChatFormat:
                                                   add_generation_prompt=generation_prompt, **self.kwargs)
 
     def parse(self, turn: list[int], prefix: list[int], tools: dict[str, Tool]):
+        """(the turn as a chat message, its call requests: none when it made no call)."""
         tok = self.tokenizer
         if getattr(tok, "response_template", None) is not None:   # the template's own parser, as TRL
             parsed = _parse_response(tok, turn, prefix, [t.schema for t in tools.values()])
@@ -176,24 +188,52 @@ class ChatFormat:
                                     name=c["function"]["name"]) for c in parsed.get("tool_calls") or []]
             return _message(parsed.get("content") or "", requests), requests
         text = tok.decode([i for i in turn if i not in self.eos_ids], skip_special_tokens=False)
-        requests = requests_for(_BLOCK.findall(text), tools)
-        content = _BLOCK.sub("", text).strip()
+        content, calls = PARSERS[self.family](text)
+        requests = requests_of(calls, tools)
         return _message(content, requests), requests
 
     def render(self, calls: list[ToolCall], turn: list[int] | None = None) -> list[int]:
         """The template's tool messages after an assistant turn that called (tokens after its EOS)."""
-        dummy = [{"role": "user", "content": "x"},
-                 {"role": "assistant", "content": "",
-                  "tool_calls": [{"type": "function", "function": {"name": calls[0].name or "tool",
-                                                                   "arguments": {}}}]}]
-        before = self._render(dummy, False)
+        return self.tokenizer(self._results_text(calls), add_special_tokens=False)["input_ids"]
+
+    def _results_text(self, calls: list[ToolCall]) -> str:
+        """The text that follows an assistant turn's EOS when `calls`' results come next, up to the next
+        assistant turn (its generation prompt).
+
+        One rendering, `after` = [user, assistant calling, tool results] + generation prompt, is cut after the
+        first EOS that follows the user's message: the assistant turn's own. The cut lies within that one
+        string, so a template that renders the last assistant turn differently from an earlier one (Qwen3's
+        empty <think></think> on the last only) cannot shift it.
+
+        Raises:
+            ConfigError: no EOS ends the assistant turn in the rendering.
+        """
+        user = [{"role": "user", "content": "x"}]
         results = [{"role": "tool", "name": c.name, "content": c.result} for c in calls]
-        after = self._render(dummy + results, True)
-        eos = [self.tokenizer.decode([i]) for i in self.eos_ids]
-        cut = max((before.rfind(e) + len(e) for e in eos if e and e in before), default=len(before))
-        if not after.startswith(before[:cut]):   # the template re-renders the turn: cut where they agree
-            cut = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), cut))
-        return self.tokenizer(after[cut:], add_special_tokens=False)["input_ids"]
+        names = [c.name or "tool" for c in calls]
+        after, error = None, None
+        for named in (names, names[:1]):   # Llama 3.1 and GPT-OSS render one call per assistant turn
+            assistant = {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": n, "arguments": {}}} for n in named]}
+            try:
+                after = self._render(user + [assistant] + results, True)
+                break
+            except TemplateError as e:
+                error = e
+        if after is None:
+            raise ConfigError(f"rollout.tool_format=chat: the chat template cannot render a tool call and "
+                              f"its result ({error}): use rollout.tool_format=plain")
+        head = self._render(user, False)
+        start = next((i for i, (a, b) in enumerate(zip(head, after)) if a != b), min(len(head), len(after)))
+        ends = [after.find(e, start) + len(e) for e in self.eos_texts if after.find(e, start) >= 0]
+        cut = min(ends, default=-1)
+        if cut < 0 or names[0] not in after[start:cut]:
+            eos = ", ".join(map(repr, self.eos_texts))
+            raise ConfigError(f"rollout.tool_format=chat: in the chat template's rendering {after[start:]!r} "
+                              f"no EOS ({eos}) ends the assistant's tool call: set the model's "
+                              "generation_config.eos_token_id to the ids that end a tool-calling turn, or "
+                              "use rollout.tool_format=plain")
+        return after[cut:]
 
 
 def _arguments(function: dict[str, Any]) -> dict[str, Any]:
@@ -241,8 +281,14 @@ def template_is_prefix_preserving(tokenizer, kwargs: dict | None = None) -> bool
     second = first + [{"role": "assistant", "content": "two", "reasoning_content": "thought two",
                        "tool_calls": call}, {"role": "tool", "name": "probe", "content": "r2"}]
     kw = dict(kwargs or {})
-    a = tokenizer.apply_chat_template(first, tokenize=False, add_generation_prompt=True, **kw)
-    b = tokenizer.apply_chat_template(second, tokenize=False, add_generation_prompt=True, **kw)
+    try:
+        a = tokenizer.apply_chat_template(first, tokenize=False, add_generation_prompt=True, **kw)
+        b = tokenizer.apply_chat_template(second, tokenize=False, add_generation_prompt=True, **kw)
+    except TemplateError:   # GPT-OSS refuses content and reasoning together in a tool-calling turn
+        for m in first[1:2] + second[3:4]:
+            m["content"] = ""
+        a = tokenizer.apply_chat_template(first, tokenize=False, add_generation_prompt=True, **kw)
+        b = tokenizer.apply_chat_template(second, tokenize=False, add_generation_prompt=True, **kw)
     return b.startswith(a)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from grpokit.config.choices import (
     Aggregation,
@@ -23,6 +23,7 @@ from grpokit.config.choices import (
     LRScheduler,
     Optimizer,
     Precision,
+    QuantType,
     RewardErrors,
     RMObjective,
     RMPrecision,
@@ -76,6 +77,21 @@ class ModelConfig:
     lora_alpha: int = _f(16, "LoRA scaling alpha")
     lora_dropout: float = _f(0.0, "LoRA dropout")
     lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "modules LoRA wraps")
+    lora_target_parameters: list = _f([], "parameters LoRA adapts directly (peft target_parameters), for "
+                                      "fused MoE experts, e.g. mlp.experts.gate_up_proj")
+    load_in_4bit: bool = _f(False, "QLoRA: load the base weights quantized to 4 bits by bitsandbytes "
+                            "(frozen; needs lora_r > 0 and bitsandbytes; grpokit.model.quantized)")
+    load_in_8bit: bool = _f(False, "load the base weights as bitsandbytes int8 (LLM.int8; frozen, needs "
+                            "lora_r > 0)")
+    bnb_4bit_quant_type: QuantType = _choice(QuantType, "nf4", nf4="4-bit NormalFloat, QLoRA's",
+                                             fp4="4-bit float", before="load_in_4bit: ")
+    bnb_4bit_use_double_quant: bool = _f(True, "load_in_4bit: quantize the per-block scales too (about 0.4 "
+                                         "bit per weight less)")
+    bnb_4bit_compute_dtype: Dtype = _choice(Dtype, "bfloat16", before="load_in_4bit: dtype the de-quantized "
+                                            "weights multiply in: ")
+    save_merged_quantized: bool = _f(False, "load_in_4bit / 8bit: the final save also writes merged/, the "
+                                     "base de-quantized with the adapter merged in (the adapter alone is "
+                                     "always written)")
 
 
 @dataclass
@@ -341,3 +357,22 @@ class RMConfig:
                                       verifier="the arithmetic step checker; the final step by the answer",
                                       mc="Math-Shepherd: a step is good if a rollout from it is right")
     mc_rollouts: int = _f(4, "step_labels=mc: completions sampled from each step prefix")
+
+
+class ConfigTree(Protocol):
+    """A config as the checks read it: `grpokit.config.schema.GRPOConfig`'s shape (no import back)."""
+
+    model: ModelConfig
+    task: TaskConfig
+    rollout: RolloutConfig
+    reward: RewardConfig
+    loss: LossConfig
+    optim: OptimConfig
+    run: RunConfig
+    rm: RMConfig
+
+    @property
+    def batch_size(self) -> int: ...        # B * G completions per generation batch
+
+    @property
+    def epsilon_high(self) -> float: ...    # loss.epsilon_high, or loss.epsilon when unset

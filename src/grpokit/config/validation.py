@@ -11,15 +11,13 @@ import math
 import re
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from grpokit.config.sections import ConfigTree
 from grpokit.errors import ConfigError, suggest
 
-if TYPE_CHECKING:
-    from grpokit.config.schema import GRPOConfig
 
-
-def choices(cfg: GRPOConfig) -> dict[str, tuple[str, ...]]:
+def choices(cfg: ConfigTree) -> dict[str, tuple[str, ...]]:
     """{'section.field': its options} for every field typed with a `grpokit.config.choices` Literal."""
     out = {}
     for f in dataclasses.fields(cfg):
@@ -40,7 +38,7 @@ def _check(ok: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def _check_choices(cfg: GRPOConfig) -> None:
+def _check_choices(cfg: ConfigTree) -> None:
     for key, options in choices(cfg).items():
         section, name = key.split(".", 1)
         value = getattr(getattr(cfg, section), name)
@@ -48,16 +46,21 @@ def _check_choices(cfg: GRPOConfig) -> None:
                f"{suggest(str(value), options)}")
 
 
-def _check_precision(cfg: GRPOConfig) -> None:
+def _check_precision(cfg: ConfigTree) -> None:
     m = cfg.model
     # 16-bit weights compute in their dtype
     wants = {"fp32": "float32", "bf16": "bfloat16"}.get(m.precision)
     _check(m.dtype == "float32" or wants in (None, m.dtype),
            f"model.precision={m.precision} contradicts model.dtype={m.dtype} (16-bit weights compute in "
            "their own dtype): set model.dtype=float32 for fp32 master weights, or model.precision=auto")
+    quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
+    _check(not (m.load_in_4bit and m.load_in_8bit), "model.load_in_4bit and model.load_in_8bit are both set: "
+           "pick one")
+    _check(quantized is None or m.lora_r > 0, f"model.{quantized} freezes the quantized base weights, so "
+           "only LoRA adapters can train: set model.lora_r (e.g. 16)")
 
 
-def _check_rollout(cfg: GRPOConfig) -> None:
+def _check_rollout(cfg: ConfigTree) -> None:
     r = cfg.rollout
     _check(r.num_generations >= 2, f"rollout.num_generations must be >= 2 (GRPO compares completions "
            f"within a group), got {r.num_generations}")
@@ -87,7 +90,7 @@ def _check_rollout(cfg: GRPOConfig) -> None:
                f"rollout.{name} ({value}) must be a multiple of num_generations ({r.num_generations})")
 
 
-def _check_vllm(cfg: GRPOConfig) -> None:
+def _check_vllm(cfg: ConfigTree) -> None:
     """rollout.backend=vllm: what grpokit.rollout.vllm_engine cannot drive, refused before any engine
     starts."""
     r = cfg.rollout
@@ -112,11 +115,11 @@ def _check_vllm(cfg: GRPOConfig) -> None:
            "rollout.backend=vllm on CPU has no float16 kernels: set model.dtype=float32 or bfloat16")
 
 
-def _check_async(cfg: GRPOConfig) -> None:
+def _check_async(cfg: ConfigTree) -> None:
     """rollout.async.* (grpokit.train.async_rollouts): the schedule's bounds and what a worker cannot do."""
     r, K = cfg.rollout, cfg.rollout.async_max_staleness
-    _check(r.async_worker_threads >= 0, f"rollout.async.worker_threads must be >= 0 (0 = half the cores), "
-           f"got {r.async_worker_threads}")
+    _check(r.async_worker_threads >= 0, f"rollout.async.worker_threads must be >= 0 (0 = half the cores; "
+           f"the trainer's threads at max_staleness=0), got {r.async_worker_threads}")
     _check(r.async_max_restarts >= 0, f"rollout.async.max_restarts must be >= 0, got {r.async_max_restarts}")
     _check(r.async_heartbeat_stale_after_s > 0, "rollout.async.heartbeat_stale_after_s must be > 0, got "
            f"{r.async_heartbeat_stale_after_s}")
@@ -137,7 +140,7 @@ def _check_async(cfg: GRPOConfig) -> None:
         _check(not on, f"rollout.async.max_staleness with {key}: not supported ({why}): drop one of them")
 
 
-def _check_tree(cfg: GRPOConfig) -> None:
+def _check_tree(cfg: ConfigTree) -> None:
     """rollout.tree.* (grpokit.rollout.tree): a tree with num_generations leaves, forking inside T."""
     r = cfg.rollout
     widths, at = r.tree_widths, r.tree_branch_at
@@ -167,7 +170,7 @@ def _check_tree(cfg: GRPOConfig) -> None:
         _check(not on, f"rollout.tree.widths with {key}: not supported ({why}): drop one of them")
 
 
-def _check_mcts(cfg: GRPOConfig) -> None:
+def _check_mcts(cfg: ConfigTree) -> None:
     """rollout.mcts.* (grpokit.train.mcts_rollouts): the search's settings, and what it cannot run with."""
     r = cfg.rollout
     if not r.mcts_enabled:
@@ -191,7 +194,7 @@ def _check_mcts(cfg: GRPOConfig) -> None:
         _check(not on, f"rollout.mcts.enabled with {key}: not supported ({why}): drop one of them")
 
 
-def _check_agents(cfg: GRPOConfig) -> None:
+def _check_agents(cfg: ConfigTree) -> None:
     """rollout.tools / rollout.environment (grpokit.agents): the tool loop's limits and what it needs."""
     r = cfg.rollout
     _check(r.tool_timeout > 0, f"rollout.tool_timeout must be > 0 seconds, got {r.tool_timeout}")
@@ -213,7 +216,7 @@ def _check_agents(cfg: GRPOConfig) -> None:
            "loss.algorithm=grpo")
 
 
-def _check_loss(cfg: GRPOConfig) -> None:
+def _check_loss(cfg: ConfigTree) -> None:
     lo = cfg.loss
     _check(0 < lo.epsilon < 1, f"loss.epsilon must be in (0, 1), got {lo.epsilon}")
     _check(lo.epsilon_high is None or lo.epsilon_high > 0,
@@ -236,12 +239,11 @@ def _check_loss(cfg: GRPOConfig) -> None:
     _check(lo.cliprange_value > 0, f"loss.cliprange_value must be > 0, got {lo.cliprange_value}")
     _check(lo.algorithm != "ppo" or not cfg.model.lora_r,
            "loss.algorithm=ppo is a full fine-tuning baseline: set model.lora_r=0 or loss.algorithm=grpo")
-    _check(lo.algorithm != "ppo" or not cfg.run.resume,
-           "loss.algorithm=ppo does not checkpoint its value model: drop run.resume or use "
-           "loss.algorithm=grpo")
+    _check(lo.algorithm != "ppo" or not cfg.run.resume, "loss.algorithm=ppo does not checkpoint its value "
+           "model: drop run.resume or use loss.algorithm=grpo")
 
 
-def _check_objective_variants(cfg: GRPOConfig) -> None:
+def _check_objective_variants(cfg: ConfigTree) -> None:
     """The loss types of grpokit.core.policy_terms, the token filters and the entropy bonus."""
     lo = cfg.loss
     _check(lo.sapo_temperature_pos > 0 and lo.sapo_temperature_neg > 0,
@@ -259,14 +261,13 @@ def _check_objective_variants(cfg: GRPOConfig) -> None:
     _check(lo.algorithm == "grpo" or (lo.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo")
                                       and lo.entropy_coef == 0 and not lo.use_adaptive_entropy),
            f"loss.algorithm=ppo compares against the clipped objective: use loss.loss_type grpo, bnpo, "
-           f"dr_grpo "
-           f"or dapo and no entropy bonus (got {lo.loss_type})")
+           f"dr_grpo or dapo and no entropy bonus (got {lo.loss_type})")
     _check(lo.loss_type != "vespo" or cfg.rollout.backend != "vllm" or lo.tis_level in ("token", "none"),
            "loss.loss_type=vespo folds the sampler correction into its per-token weights: set "
            "loss.tis_level=token (or none)")
 
 
-def _check_optim_and_run(cfg: GRPOConfig) -> None:
+def _check_optim_and_run(cfg: ConfigTree) -> None:
     o, run = cfg.optim, cfg.run
     _check(o.learning_rate > 0, f"optim.learning_rate must be > 0, got {o.learning_rate}")
     _check(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
@@ -282,19 +283,17 @@ def _check_optim_and_run(cfg: GRPOConfig) -> None:
            "run.output_dir=runs/my-run")
     _check(run.max_steps >= 1, f"run.max_steps must be >= 1, got {run.max_steps}")
     _check(run.max_minutes >= 0, f"run.max_minutes must be >= 0 (0 = no time budget), got {run.max_minutes}")
-    for name in ("logging_steps",):
-        _check(getattr(run, name) >= 1, f"run.{name} must be >= 1, got {getattr(run, name)}")
+    _check(run.logging_steps >= 1, f"run.logging_steps must be >= 1, got {run.logging_steps}")
     for name in ("eval_steps", "save_steps", "log_completions_steps", "save_total_limit"):
         _check(getattr(run, name) >= 0, f"run.{name} must be >= 0, got {getattr(run, name)}")
     _check(run.eval_limit >= -1, f"run.eval_limit must be >= -1 (-1 = all), got {run.eval_limit}")
     _check(run.resume in (False, True, "auto"), f"run.resume must be true, false or auto, got {run.resume!r}")
-    _check(not (run.resume and run.overwrite),
-           "run.resume and run.overwrite conflict: --resume continues the "
-           "run in output_dir, --overwrite deletes it; pass only one")
+    _check(not (run.resume and run.overwrite), "run.resume and run.overwrite conflict: --resume continues "
+           "the run in output_dir, --overwrite deletes it; pass only one")
     _check(run.max_bad_steps >= 1, f"run.max_bad_steps must be >= 1, got {run.max_bad_steps}")
 
 
-def _check_reward_model_task(cfg: GRPOConfig) -> None:
+def _check_reward_model_task(cfg: ConfigTree) -> None:
     r, lo = cfg.rollout, cfg.loss
     # an environment's get_reward() may be the only reward (checked when the environment is built)
     _check(bool(cfg.reward.funcs) or bool(r.environment),
@@ -335,7 +334,7 @@ def _check_reward_model_task(cfg: GRPOConfig) -> None:
     _check(t.num_train >= 1 and t.num_eval >= 0, "task.num_train must be >= 1 and task.num_eval >= 0")
 
 
-def _check_reward_models(cfg: GRPOConfig) -> None:
+def _check_reward_models(cfg: ConfigTree) -> None:
     rm, run = cfg.rm, cfg.run
     _check(_DEVICE.fullmatch(rm.device) is not None and rm.device != "mps",
            f"rm.device must be auto, cpu, cuda or cuda:N, got {rm.device!r}")
@@ -362,7 +361,7 @@ def _check_reward_models(cfg: GRPOConfig) -> None:
            "fine-tuning (model.lora_r=0)")
 
 
-def validate(cfg: GRPOConfig) -> None:
+def validate(cfg: ConfigTree) -> None:
     """Every check; each failure is one line naming the field and the fix."""
     for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_async, _check_tree,
                   _check_mcts, _check_agents, _check_loss, _check_optim_and_run, _check_reward_model_task,
@@ -370,14 +369,14 @@ def validate(cfg: GRPOConfig) -> None:
         check(cfg)
 
 
-def objective_warnings(cfg: GRPOConfig) -> list[str]:
+def objective_warnings(cfg: ConfigTree) -> list[str]:
     """Valid but probably unintended objective settings, one line each (the trainers log them)."""
     lo, out = cfg.loss, []
     if lo.importance_sampling_level == "sequence" and lo.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
         out.append(f"loss.importance_sampling_level=sequence with loss.loss_type={lo.loss_type}: the loss "
-                   "sums "
-                   "token terms, so each completion's sequence ratio counts once per token (weighted by its "
-                   "completion length), not GSPO's per-sequence objective: use loss.loss_type=grpo for GSPO")
+                   "sums token terms, so each completion's sequence ratio counts once per token (weighted "
+                   "by its completion length), not GSPO's per-sequence objective: use loss.loss_type=grpo "
+                   "for GSPO")
     if lo.loss_type == "luspo" and lo.importance_sampling_level != "sequence":
         out.append("loss.loss_type=luspo is a sequence-level objective: set "
                    "loss.importance_sampling_level=sequence, as in the LUSPO paper")

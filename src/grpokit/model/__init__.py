@@ -4,6 +4,7 @@
     devices      where every model runs: one resolver for the policy, reward models and the ranks
     reference    pi_ref: a frozen copy, its reset towards the policy
     lora         LoRA adapters (the [peft] extra)
+    quantized    QLoRA: a bitsandbytes 4-bit / int8 frozen base under the adapters
     precision    fp32 master weights with bf16 compute where the hardware has native bf16 matmuls
     logprobs     [D] per_token_logprobs without a [B, T, V] log-softmax
     buckets      micro-batch plans for the log-prob passes (length buckets, a group's prompt run once)

@@ -19,6 +19,13 @@ from safetensors import SafetensorError
 from grpokit.config.schema import ModelConfig
 from grpokit.model.devices import place_model, resolve_device
 from grpokit.model.lora import wrap_lora
+from grpokit.model.quantized import (
+    is_quantized,
+    prepare_quantized,
+    quantize_in_memory,
+    quantized_kwargs,
+    wants_quantization,
+)
 from grpokit.model.reference import eval_mode, frozen_reference, sync_reference  # noqa: F401  (public here too)
 
 log = logging.getLogger("grpokit")
@@ -148,6 +155,8 @@ def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype):
     if not gguf and not (folder / "config.json").is_file():
         raise ModelError(f"'{folder}' has no config.json: it is not a transformers model folder")
     remote = {"trust_remote_code": True} if cfg.trust_remote_code else {}
+    if not gguf:   # load_in_4bit / 8bit: quantized as it loads (a GGUF model is quantized after, in memory)
+        remote.update(quantized_kwargs(cfg, resolve_device(cfg.device)))
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=dtype) if gguf else \
             AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **remote)
@@ -197,12 +206,16 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
         tokenizer = _load_tokenizer(DEMO_CHECKPOINT, None)
     else:
         model, tokenizer = _load_pretrained(cfg, dtype)
+    if wants_quantization(cfg) and not is_quantized(model):   # built in memory (GGUF, builtin)
+        model = quantize_in_memory(model, cfg, resolve_device(cfg.device))
     prepare_tokenizer(tokenizer)
     check_tokenizer_fits(tokenizer, model, cfg.name_or_path)
     if model.generation_config is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     place_model(model, resolve_device(cfg.device))   # cuda:LOCAL_RANK under a launcher
     without_hub_kernels(model)
+    if wants_quantization(cfg):   # frozen quantized base, float32 norms and embeddings
+        model = prepare_quantized(model, cfg)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False

@@ -8,7 +8,11 @@ running the same PeftModel with its adapters disabled (`peft`'s `disable_adapter
 
 `DisabledAdapterReference` exposes that view with the interface `per_token_logprobs` reads
 (`config`, `get_decoder`, `get_output_embeddings`, a forward) and holds no parameters of its own,
-so a checkpoint stores nothing for it and there is no second copy of the weights.
+so a checkpoint stores nothing for it and there is no second copy of the weights. The same holds for a
+quantized base (QLoRA, grpokit.model.quantized): pi_ref is the frozen 4-bit base with the adapter off.
+
+Fused MoE experts are one 3-D parameter per block ([E, out, in], no nn.Linear to wrap); peft adapts them
+through `target_parameters` (model.lora_target_parameters), one low-rank delta per expert.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Iterator
 import torch
 
 from grpokit.config.schema import ModelConfig
+from grpokit.model.quantized import dequantized_state_dict, is_quantized, save_merged_requested, save_plain
 from grpokit.model.reference import eval_mode, frozen_reference
 
 log = logging.getLogger("grpokit")
@@ -94,6 +99,7 @@ def wrap_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
     """
     peft = _peft()
     check_targets(model, cfg.lora_target_modules)
+    check_target_parameters(model, cfg.lora_target_parameters)
     head = model.get_output_embeddings()
     head_names = {n for n, m in model.named_modules() if m is head}
     clash = [t for t in cfg.lora_target_modules if any(n == t or n.endswith("." + t) for n in head_names)]
@@ -102,7 +108,7 @@ def wrap_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
                         "target attention/MLP projections, e.g. q_proj,k_proj,v_proj,o_proj")
     lora_cfg = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM",
-                               bias="none")
+                               bias="none", target_parameters=list(cfg.lora_target_parameters) or None)
     if getattr(model, "is_gradient_checkpointing", False):
         model.enable_input_require_grads()   # else checkpointed blocks of frozen weights pass no gradient on
     try:
@@ -129,6 +135,20 @@ def check_targets(model: torch.nn.Module, targets: list) -> None:
         raise LoRAError(f"model.lora_target_modules: {', '.join(missing)} match no module of the "
                         f"model{hint}; its linear layers are {', '.join(linear)}: "
                         "check model.lora_target_modules")
+
+
+def check_target_parameters(model: torch.nn.Module, targets: list) -> None:
+    """Every name in model.lora_target_parameters must match a parameter (its full name or its tail, e.g.
+    mlp.experts.gate_up_proj): peft would otherwise adapt nothing for it."""
+    names = [n for n, _ in model.named_parameters()]
+    missing = [str(t) for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        fused = sorted({n.split(".layers.", 1)[-1].split(".", 1)[-1] for n, p in model.named_parameters()
+                        if p.dim() == 3})
+        hint = f"; its 3-D (fused expert) parameters are {', '.join(fused)}" if fused else \
+            "; the model has no 3-D (fused expert) parameters: use model.lora_target_modules"
+        raise LoRAError(f"model.lora_target_parameters: {', '.join(missing)} match no parameter of the "
+                        f"model{hint}")
 
 
 class DisabledAdapterReference(torch.nn.Module):
@@ -185,13 +205,30 @@ def save_lora(model: torch.nn.Module, out: Path, state_dict: dict[str, torch.Ten
 
     state_dict: the PeftModel's whole state dict when the live one cannot be read here (FSDP: rank 0's
     gathered copy); default model.state_dict(). The merge W <- W + (alpha / r) * B @ A is computed on
-    that dict (`merged_state_dict`), so the live policy keeps its adapters. Returns the merged folder,
-    which plain `AutoModelForCausalLM.from_pretrained` loads.
+    that dict (`merged_state_dict`), so the live policy keeps its adapters. A quantized base (QLoRA) is
+    merged only on request (model.save_merged_quantized): de-quantized to the storage dtype first, then
+    written as a plain model. Returns the merged folder, which plain `AutoModelForCausalLM.from_pretrained`
+    loads, or `out` when no merged model is written.
     """
     weights = model.state_dict() if state_dict is None else state_dict
     model.save_pretrained(out, state_dict=weights)
-    model.get_base_model().save_pretrained(out / "merged", state_dict=merged_state_dict(model, weights))
+    if not save_merged_requested(model):
+        return out
+    base = model.get_base_model()
+    if is_quantized(model):
+        dtype = getattr(base.config, "_pre_quantization_dtype", None) or torch.float32
+        weights = dequantized_state_dict(model, weights, dtype)
+        save_plain(base.config, merged_state_dict(model, weights), out / "merged", base.generation_config)
+    else:
+        base.save_pretrained(out / "merged", state_dict=merged_state_dict(model, weights))
     return out / "merged"
+
+
+def _plain_name(name: str) -> str:
+    """A module or weight name in the model before wrapping: peft's prefix and every `.base_layer` dropped
+    (a parameter adapter over another one nests them: experts.base_layer.base_layer.gate_up_proj)."""
+    parts = name.removeprefix("base_model.model.").split(".")
+    return ".".join(part for part in parts if part != "base_layer")
 
 
 def merged_state_dict(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -199,22 +236,23 @@ def merged_state_dict(model: torch.nn.Module, weights: dict[str, torch.Tensor]) 
 
     For each adapted linear layer `name`: name.weight = base_layer.weight + sum_a s_a * B_a @ A_a, with
     s_a = lora_alpha / r (`module.scaling`); adapter tensors are dropped and the `base_model.model.` prefix
-    removed, so the keys are those of the model before wrapping.
+    removed, so the keys are those of the model before wrapping. A parameter adapter (fused MoE experts,
+    peft's `target_parameters`) adds its per-expert delta [E, ...] to the parameter it names.
     """
-    prefix = "base_model.model."
-    out = {}
-    for key, value in weights.items():
-        if ".lora_" in key:
-            continue
-        out[key.removeprefix(prefix).replace(".base_layer.", ".")] = value
+    out = {_plain_name(key): value for key, value in weights.items() if ".lora_" not in key}
     for name, module in model.named_modules():
         lora_a, lora_b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
         if lora_a is None or lora_b is None:
             continue
-        target = f"{name.removeprefix(prefix)}.weight"
+        # a parameter adapter (fused MoE experts) names its parameter; a linear layer's is .weight
+        target = f"{_plain_name(name)}.{getattr(module, 'parameter_name', None) or 'weight'}"
         for adapter in lora_a:
-            a = weights[f"{name}.lora_A.{adapter}.weight"].float()
-            b = weights[f"{name}.lora_B.{adapter}.weight"].float()
-            merged = out[target].float() + module.scaling[adapter] * (b @ a)
-            out[target] = merged.to(out[target].dtype)
+            if hasattr(module, "parameter_name"):   # [E, out, in] (or [E, in, out]): peft's per-expert delta
+                with torch.no_grad():
+                    delta = module.get_delta_weight(adapter).float()
+            else:
+                a = weights[f"{name}.lora_A.{adapter}.weight"].float()
+                b = weights[f"{name}.lora_B.{adapter}.weight"].float()
+                delta = module.scaling[adapter] * (b @ a)
+            out[target] = (out[target].float() + delta).to(out[target].dtype)
     return out

@@ -13,7 +13,9 @@ step b updates; a slow worker blocks the trainer (it never trains on a batch mor
 nothing is dropped, `async/dropped_groups` stays 0); and the schedule does not depend on timing, so an
 async run is reproducible, resumes exactly and survives a worker restart with the same numbers (a
 server: as far as the engine is, one seed per batch). K = 0 samples every batch with the current weights
-(w(b) = b): no overlap, the synchronous run's draws (the worker starts from the trainer's RNG state).
+(w(b) = b): no overlap, the synchronous run's draws (the worker starts from the trainer's RNG state),
+on the trainer's thread count unless worker_threads is set (`core_share`), so the synchronous run's
+numbers at any thread count.
 N <= K overlaps every step; N = K + 1 makes every N-th batch wait for the newest weights.
 rollout.async.max_staleness=none (the default) runs no worker at all.
 
@@ -308,8 +310,16 @@ class AsyncRollouts:
 @contextlib.contextmanager
 def core_share(cfg):
     """(the worker's cores, its threads): rollout.async.worker_threads cores (0: half) for the worker,
-    the rest for the trainer, whose torch threads and core affinity are restored on exit."""
+    the rest for the trainer, whose torch threads and core affinity are restored on exit.
+
+    K = 0 with worker_threads=0: the trainer and the worker take turns (each batch waits for the newest
+    weights), so nothing is split: the worker samples on the trainer's thread count, on every core, and
+    its reductions are those of the synchronous run (the same numbers, bit for bit, at any thread count).
+    """
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if cfg.rollout.async_max_staleness == 0 and not cfg.rollout.async_worker_threads:
+        yield [], torch.get_num_threads()
+        return
     n = cfg.rollout.async_worker_threads or max(1, len(cores) // 2)
     if len(cores) <= n:   # one core, or the worker asked for all: both share them, nothing pinned
         yield [], n

@@ -53,6 +53,10 @@ from grpokit.train.fsdp_checkpoint import load_sharded, save_sharded
 
 log = logging.getLogger("grpokit")
 
+# how long the other ranks wait for rank 0's `on_main(..., patient=True)` (an evaluation): not the process
+# group's 30 minutes, which a long evaluation on NCCL outlasts; an exception on rank 0 still ends it at once
+PATIENT_TIMEOUT = datetime.timedelta(hours=24)
+
 
 class LogprobsForward(torch.nn.Module):
     """The policy's per-token log-probs as one `forward`, so DDP / FSDP hooks see the whole computation.
@@ -82,6 +86,7 @@ class Distributed:
     fsdp: bool = False
     owns_group: bool = False           # from_env opened the process group (close() ends it)
     _wrappers: dict[int, torch.nn.Module] = field(default_factory=dict, repr=False)
+    _patient: Any = field(default=None, repr=False)   # gloo group for `on_main(patient=True)`, made once
 
     @classmethod
     def from_env(cls, fsdp: bool = False, env: dict[str, str] | None = None,
@@ -293,7 +298,9 @@ class Distributed:
     @contextlib.contextmanager
     def unsharded(self, model: torch.nn.Module) -> Iterator[None]:
         """FSDP: gather the full parameters for generation / evaluation (every rank enters together);
-        inside, each rank may run any number of forwards. A no-op without FSDP."""
+        inside, each rank may run any number of forwards. A no-op without FSDP. Memory: inside, every rank
+        holds the whole model (P parameters, in the dtype they are stored in) beside its 1/W shard of the
+        parameters, gradients and optimizer state: FSDP saves memory in the update, not while sampling."""
         wrapper = self._wrappers.get(id(model)) if self.fsdp else None
         if wrapper is None:
             yield
@@ -330,11 +337,16 @@ class Distributed:
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def on_main(self, fn: Callable[[], Any]) -> Any:
+    def on_main(self, fn: Callable[[], Any], *, patient: bool = False) -> Any:
         """fn() on rank 0 alone, its result given to every rank; an exception it raises is raised on every
-        rank (no rank is left waiting in a collective). One process: fn()."""
+        rank (no rank is left waiting in a collective). One process: fn().
+
+        patient: fn may outlast the process group's timeout (an evaluation): the other ranks wait on a
+        gloo group of their own whose timeout is PATIENT_TIMEOUT (made the first time, every rank at once)."""
         if not self.enabled:
             return fn()
+        if patient and self._patient is None:
+            self._patient = tdist.new_group(backend="gloo", timeout=PATIENT_TIMEOUT)
         result: Any = None
         error: BaseException | None = None
         if self.is_main:
@@ -343,7 +355,7 @@ class Distributed:
             except Exception as e:      # raised below on every rank, rank 0 included
                 error = e
         box = [(result, error)]
-        tdist.broadcast_object_list(box, src=0)
+        tdist.broadcast_object_list(box, src=0, group=self._patient if patient else None)
         result, error = box[0]
         if error is not None:
             raise error
@@ -364,6 +376,8 @@ class Distributed:
         if self.enabled:
             env = state.agent.rng_state() if getattr(state, "agent", None) is not None else None
             state.rank_rng = self.gather_object({**checkpoint.rng_state(), "env": env})
+            if getattr(state, "reward_loop", None) is not None:   # Algorithm 1: each rank's samples so far
+                state.reward_loop.share_for_checkpoint(self)
         if self.fsdp and self.enabled:
             save_sharded(self, state, Path(out_dir), metrics_row)
         else:
@@ -381,10 +395,3 @@ class Distributed:
         blob = load_sharded(self, state, folder) if sharded else resume.load_checkpoint(state, folder)
         self.on_main(lambda: resume.finish_resume(state, out_dir, folder, blob))
         return True
-
-
-class Silent:
-    """Stands in for the metrics writer and loggers on ranks other than 0: every call does nothing."""
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None

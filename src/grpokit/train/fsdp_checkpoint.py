@@ -21,7 +21,7 @@ import json
 import logging
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol, TypeVar
 
 import torch
 
@@ -29,10 +29,21 @@ from grpokit.config.schema import build_config
 from grpokit.model.loading import load_model_and_tokenizer
 from grpokit.train import checkpoint, resume
 
-if TYPE_CHECKING:  # grpokit.train.distributed calls this module: a type here only
-    from grpokit.train.distributed import Distributed
-
 log = logging.getLogger("grpokit")
+
+T = TypeVar("T")
+
+
+class Ranks(Protocol):
+    """What the sharded save and load take of the distributed state (`grpokit.train.distributed.Distributed`
+    has it, and calls this module: it is named by its shape, so nothing here imports it back)."""
+
+    rank: int
+    world_size: int
+
+    def on_main(self, fn: Callable[[], T]) -> T:
+        """fn() on rank 0 alone, its result (or its exception) given to every rank."""
+        ...
 
 
 def _shards(state: Any) -> dict[str, Any]:
@@ -47,7 +58,7 @@ def _shards(state: Any) -> dict[str, Any]:
     return shards
 
 
-def save_sharded(dist: Distributed, state: Any, out_dir: Path, metrics_row: dict | None = None) -> Path:
+def save_sharded(dist: Ranks, state: Any, out_dir: Path, metrics_row: dict | None = None) -> Path:
     """checkpoint-<step> under FSDP; every rank calls it. An error on rank 0 is raised on every rank."""
     import torch.distributed.checkpoint as dcp
 
@@ -56,7 +67,7 @@ def save_sharded(dist: Distributed, state: Any, out_dir: Path, metrics_row: dict
     return dist.on_main(lambda: checkpoint.finish_save(state, out_dir, tmp, metrics_row, sharded=True))
 
 
-def load_sharded(dist: Distributed, state: Any, folder: Path) -> dict[str, Any]:
+def load_sharded(dist: Ranks, state: Any, folder: Path) -> dict[str, Any]:
     """Every rank: the shards of `folder` into the FSDP model, reference and optimizer, then the trainer
     state (this rank's RNG); the trainer-state record."""
     import torch.distributed.checkpoint as dcp

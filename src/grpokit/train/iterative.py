@@ -18,7 +18,9 @@ reward-hacking signal. One row per iteration goes to iterations.jsonl. With
 
 State kept across a kill (grpokit.train.checkpoint saves it with every checkpoint): the RM's weights,
 its optimizer, the shuffling generator, the iteration counter, this iteration's samples and the
-replay pool.
+replay pool. On W ranks each rank holds its own samples of the iteration until the boundary's gather: a
+checkpoint inside an iteration keeps every rank's share (gathered to rank 0 before it writes,
+`share_for_checkpoint`), and each rank resumes its own.
 """
 
 from __future__ import annotations
@@ -69,14 +71,16 @@ def _learned_rm(reward_funcs: list) -> tuple[str, Any]:
 class RewardLoop:
     """Algorithm 1's outer loop around `train_step`: samples in, RM updates and reference resets out."""
 
-    def __init__(self, cfg, reward_funcs: list) -> None:
+    def __init__(self, cfg, reward_funcs: list, rank: int = 0, world_size: int = 1) -> None:
         self.cfg = cfg
+        self.rank, self.world_size = rank, world_size
         self.name, self.rm = _learned_rm(reward_funcs)
         self.rm.model.requires_grad_(True)
         self.optimizer = make_rm_optimizer(self.rm.model, cfg.rm.learning_rate)
         self.generator = torch.Generator().manual_seed(cfg.run.seed + 7919)  # the RM's own stream
         self.iteration = 0
-        self.current: list = []   # RMSample of this iteration, verifier-labeled
+        self.current: list = []   # RMSample of this iteration, verifier-labeled (this rank's own)
+        self.shares: list | None = None   # every rank's `current`, gathered for rank 0's checkpoint
         self.history: list = []   # every earlier iteration's samples: the replay pool
 
     @property
@@ -141,10 +145,19 @@ class RewardLoop:
 
     # -- checkpoint --------------------------------------------------------------------------------
 
+    def share_for_checkpoint(self, dist) -> None:
+        """Every rank, before rank 0 writes a checkpoint: every rank's samples of this iteration, in rank
+        order, for `save` (the RM, its optimizer and the replay pool are the same on every rank)."""
+        self.shares = dist.gather_object(self.current)
+
     def save(self, folder: Path) -> None:
+        """The RM's weights, and reward_loop.pt: its optimizer, the generator, the iteration, each rank's
+        samples of this iteration (current_by_rank) and the replay pool."""
+        shares, self.shares = (self.shares if self.shares is not None else [self.current]), None
         save_model(self.rm.model, str(folder / RM_WEIGHTS))
         torch.save({"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
-                    "iteration": self.iteration, "current": [dataclasses.asdict(s) for s in self.current],
+                    "iteration": self.iteration,
+                    "current_by_rank": [[dataclasses.asdict(s) for s in share] for share in shares],
                     "history": [dataclasses.asdict(s) for s in self.history]}, folder / RM_STATE)
 
     def load(self, folder: Path) -> None:
@@ -156,7 +169,12 @@ class RewardLoop:
         self.optimizer.load_state_dict(blob["optimizer"])
         self.generator.set_state(blob["generator"])
         self.iteration = blob["iteration"]
-        self.current = [RMSample(**d) for d in blob["current"]]
+        shares = blob["current_by_rank"] if "current_by_rank" in blob else [blob["current"]]  # one process
+        if len(shares) != self.world_size:   # another rank count: rank 0 takes them all, none is lost
+            log.warning("%s was written by %d ranks, resumed on %d: rank 0 takes this iteration's samples "
+                        "so far", folder.name, len(shares), self.world_size)
+            shares = [[d for share in shares for d in share]] + [[]] * (self.world_size - 1)
+        self.current = [RMSample(**d) for d in shares[self.rank]]
         self.history = [RMSample(**d) for d in blob["history"]]
 
 

@@ -31,7 +31,7 @@ from grpokit.train import checkpoint
 from grpokit.train.async_rollouts import AsyncRollouts
 from grpokit.train.callbacks import Observers, TrainHooks
 from grpokit.train.data import PromptStream
-from grpokit.train.distributed import Distributed, Silent
+from grpokit.train.distributed import Distributed
 from grpokit.train.evaluate import evaluate
 from grpokit.train.export import save_final
 from grpokit.train.guard import RunGuard
@@ -42,6 +42,13 @@ from grpokit.train.state import TrainState, make_optimizer
 from grpokit.train.step import step_function
 
 log = logging.getLogger("grpokit")
+
+
+class Silent:
+    """Stands in for the metrics writer and loggers on ranks other than 0: every call does nothing."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
 
 
 def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: list | None = None,
@@ -96,7 +103,7 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     if not funcs:
         raise TaskError("no reward: name reward.funcs, or use an environment that defines get_reward()")
     # Algorithm 1: trains the rm: reward in place
-    loop = RewardLoop(cfg, funcs) if cfg.run.iterations else None
+    loop = RewardLoop(cfg, funcs, dist.rank, dist.world_size) if cfg.run.iterations else None
     stream = dist.shard_stream(PromptStream(train, cfg.run.seed, shuffle=cfg.task.shuffle))
     # rollout.async: a worker process samples ahead (started at the first step, after any resume)
     worker = AsyncRollouts(cfg) if cfg.rollout.async_max_staleness is not None else None
@@ -261,13 +268,19 @@ def _stop_on_bad_steps(state: TrainState, out_dir: Path) -> None:
 
 
 def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:
-    """Greedy held-out evaluation; appended to eval.jsonl and logged (rank 0 only; {} on other ranks)."""
+    """Greedy held-out evaluation; appended to eval.jsonl and logged (rank 0 only; {} on other ranks).
+
+    Several ranks: rank 0 evaluates while the others wait for it (`on_main(patient=True)`: not under the
+    process group's timeout, which a long evaluation would outlast), so no rank runs ahead into the next
+    step's collectives."""
     cfg = state.cfg
     with state.dist.unsharded(state.model):  # FSDP: every rank gathers the weights, rank 0 evaluates
-        if not state.dist.is_main:
-            return {}
-        result = evaluate(state.model, state.tokenizer, state.eval_examples, cfg, limit=cfg.run.eval_limit,
-                          reward_funcs=state.reward_funcs, reward_extra=state.reward_hooks, agent=state.agent)
+        result = state.dist.on_main(lambda: evaluate(
+            state.model, state.tokenizer, state.eval_examples, cfg, limit=cfg.run.eval_limit,
+            reward_funcs=state.reward_funcs, reward_extra=state.reward_hooks, agent=state.agent),
+            patient=True)
+    if not state.dist.is_main:
+        return {}
     row = {"tag": tag, "step": state.step, **result}
     with open(Path(cfg.run.output_dir) / "eval.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")

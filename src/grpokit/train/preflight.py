@@ -15,6 +15,7 @@ import importlib.util
 
 from grpokit.config.schema import ConfigError, GRPOConfig
 from grpokit.model.devices import resolve_device
+from grpokit.model.quantized import BNB_HINT
 from grpokit.rollout.groups import PromptTooLongError
 from grpokit.rollout.vllm_backend import INSTALL_HINT as VLLM_HINT
 from grpokit.tasks import TaskError
@@ -43,6 +44,8 @@ def required_packages(cfg: GRPOConfig) -> list[tuple[str, str]]:
                                      "or use optim.optim=adamw")))
     if cfg.rollout.backend == "vllm" and cfg.rollout.vllm_mode == "colocate":  # server: vLLM runs elsewhere
         out.append(("vllm", VLLM_HINT))
+    if cfg.model.load_in_4bit or cfg.model.load_in_8bit:
+        out.append(("bitsandbytes", BNB_HINT))
     if cfg.model.lora_r > 0:
         out.append(("peft", ("model.lora_r > 0 needs peft: pip install 'grpokit[peft]', "
                              "or set model.lora_r=0")))
