@@ -224,8 +224,8 @@ def test_quantization_errors_say_what_to_change(tmp_path, monkeypatch):
     cfg = build_config({"model.load_in_4bit": True, "model.lora_r": 4, "model.device": "cpu"})
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)                # bitsandbytes not installed
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "bitsandbytes" else 1)
-    with pytest.raises(ConfigError, match="needs bitsandbytes: pip install bitsandbytes") as e:
+    with pytest.raises(ConfigError, match="needs bitsandbytes: pip install .grpokit.qlora..") as e:
         check_environment(cfg)
     assert "\n" not in str(e.value)
-    with pytest.raises(QuantizationError, match="pip install bitsandbytes"):
+    with pytest.raises(QuantizationError, match="grpokit.qlora."):
         bnb_config(cfg.model)

@@ -29,15 +29,16 @@ from typing import Any
 import torch
 
 from grpokit.config.sections import ModelConfig
+from grpokit.errors import ConfigError
 
-BNB_HINT = ("model.load_in_4bit / model.load_in_8bit needs bitsandbytes: pip install bitsandbytes, "
+BNB_HINT = ("model.load_in_4bit / model.load_in_8bit needs bitsandbytes: pip install 'grpokit[qlora]', "
             "or set both to false")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _QUANT_KEYS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map", "quant_state", "SCB",
                "weight_format")
 
 
-class QuantizationError(ValueError):
+class QuantizationError(ConfigError):
     """The quantized model cannot be set up as configured: the message says what to change."""
 
 
@@ -63,6 +64,36 @@ def bnb_config(cfg: ModelConfig):
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=cfg.bnb_4bit_quant_type,
                               bnb_4bit_use_double_quant=cfg.bnb_4bit_use_double_quant,
                               bnb_4bit_compute_dtype=_DTYPES[cfg.bnb_4bit_compute_dtype])
+
+
+# BitsAndBytesConfig settings grpokit's model section does not carry, at transformers' defaults
+_BNB_FIXED = {"llm_int8_threshold": 6.0, "llm_int8_skip_modules": None,
+              "llm_int8_enable_fp32_cpu_offload": False, "llm_int8_has_fp16_weight": False,
+              "bnb_4bit_quant_storage": "uint8"}
+
+
+def model_keys_from_bnb(config: Any) -> dict[str, Any]:
+    """The model.* keys of a transformers BitsAndBytesConfig (or its dict), as TRL's
+    `model_init_kwargs={"quantization_config": ...}` passes it; transformers' defaults where it is silent
+    (4-bit: fp4, no double quantization, float32 compute).
+
+    Raises:
+        QuantizationError: neither 4-bit nor 8-bit, or a setting grpokit does not carry away from its default.
+    """
+    d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    odd = [k for k, default in _BNB_FIXED.items() if k in d and str(d[k]) != str(default)]
+    if odd:
+        raise QuantizationError(f"quantization_config.{odd[0]}={d[odd[0]]!r}: grpokit's QLoRA keeps it at "
+                                f"{_BNB_FIXED[odd[0]]!r}: leave it unset")
+    if d.get("load_in_8bit"):
+        return {"model.load_in_8bit": True}
+    if not d.get("load_in_4bit"):
+        raise QuantizationError("quantization_config: grpokit loads bitsandbytes 4-bit or 8-bit weights "
+                                "only: set load_in_4bit=True or load_in_8bit=True")
+    compute = str(d.get("bnb_4bit_compute_dtype") or "float32").replace("torch.", "")
+    return {"model.load_in_4bit": True, "model.bnb_4bit_quant_type": d.get("bnb_4bit_quant_type", "fp4"),
+            "model.bnb_4bit_use_double_quant": bool(d.get("bnb_4bit_use_double_quant", False)),
+            "model.bnb_4bit_compute_dtype": compute}
 
 
 def quantized_kwargs(cfg: ModelConfig, device: torch.device) -> dict[str, Any]:

@@ -192,8 +192,10 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
 }
 
 _GRPO = {  # trl.GRPOConfig's own fields
-    "model_init_kwargs": Field(None, DERIVED, "model.dtype from {'dtype': ...} (or torch_dtype); other keys "
-                               "are refused (model loading)"),
+    "model_init_kwargs": Field(None, DERIVED, "model.dtype from {'dtype': ...} (or torch_dtype); "
+                               "{'quantization_config': BitsAndBytesConfig(...)}: model.load_in_4bit / "
+                               "load_in_8bit and model.bnb_4bit_* (QLoRA, with peft_config); other keys are "
+                               "refused (model loading)"),
     "trust_remote_code": Field(False, MAP, "model.trust_remote_code (a model folder with its own modeling "
                                "code)"),
     "router_aux_loss_coef": Field(None, REFUSE, "objective"),

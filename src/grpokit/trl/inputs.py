@@ -166,3 +166,30 @@ def wrap_peft(model: torch.nn.Module, peft_config: Any) -> torch.nn.Module:
     wrapped = peft.get_peft_model(model, peft_config)
     wrapped.train()
     return wrapped
+
+
+def qlora_keys(overrides: dict[str, Any], peft_config: Any, model: Any) -> dict[str, Any]:
+    """grpokit's model.lora_* keys for a base that model_init_kwargs' quantization_config loads quantized
+    (TRL's QLoRA recipe): the adapters are peft_config's; {} without quantization.
+
+    Raises:
+        ConfigError: the model is already loaded, or no LoRA peft_config is given (a quantized base is
+            frozen: only adapters can train).
+    """
+    if not (overrides.get("model.load_in_4bit") or overrides.get("model.load_in_8bit")):
+        return {}
+    if not isinstance(model, str):
+        raise ConfigError("model_init_kwargs' quantization_config applies to a model given by path, but the "
+                          "model is already loaded: pass the path, or load it quantized yourself and unset "
+                          "model_init_kwargs")
+    if getattr(peft_config, "r", None) is None:
+        raise ConfigError("model_init_kwargs' quantization_config freezes the quantized base, so only "
+                          "adapters can train: pass peft_config=LoraConfig(...)")
+    keys: dict[str, Any] = {"model.lora_r": int(peft_config.r)}
+    if getattr(peft_config, "lora_alpha", None) is not None:
+        keys["model.lora_alpha"] = int(peft_config.lora_alpha)
+    if getattr(peft_config, "lora_dropout", None) is not None:
+        keys["model.lora_dropout"] = float(peft_config.lora_dropout)
+    if isinstance(peft_config.target_modules, (list, set, tuple)):
+        keys["model.lora_target_modules"] = sorted(peft_config.target_modules)
+    return keys

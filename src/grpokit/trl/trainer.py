@@ -18,6 +18,7 @@ TRL's logging and evaluation schedule (`grpokit.trl.logs`, `grpokit.trl.evaluati
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -40,6 +41,7 @@ from grpokit.model.loading import (
     without_hub_kernels,
 )
 from grpokit.model.lora import is_peft_model, reference_for
+from grpokit.model.quantized import is_quantized, prepare_quantized
 from grpokit.observe.model_card import write_model_card
 from grpokit.train.loop import save_final, train_grpo
 from grpokit.train.resume import newest_complete_checkpoint
@@ -54,6 +56,7 @@ from grpokit.trl.inputs import (
     eval_sets,
     is_iterable_dataset,
     model_name,
+    qlora_keys,
     refuse_images,
     reward_triples,
     wrap_peft,
@@ -121,7 +124,7 @@ class GRPOTrainer:
             reward_funcs, self.translation.trainer["reward_weights"], reward_processing_classes,
             optional=environment_factory is not None)   # an environment's get_reward() may be the reward
         self._agent_keys = agent_overrides(tools, environment_factory)   # rollout.tools / environment
-        self.config = self._nested_config(name, {})
+        self.config = self._nested_config(name, qlora_keys(t, peft_config, model))
         for warning in objective_warnings(self.config):
             log.warning(warning)
         self.agent = build_agent(tools, environment_factory, rollout_func, self, self.config.run.seed)
@@ -159,8 +162,10 @@ class GRPOTrainer:
     def _policy(self, model: Any, processing_class: Any, peft_config: Any):
         """The policy and its tokenizer, prepared as grpokit's loader prepares them."""
         cfg = self.config
-        if isinstance(model, str):
-            model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
+        if isinstance(model, str):   # QLoRA: quantized and prepared by the loader, the adapters peft_config's
+            quantized = cfg.model.load_in_4bit or cfg.model.load_in_8bit
+            model, tokenizer = load_model_and_tokenizer(dataclasses.replace(cfg.model, lora_r=0) if quantized
+                                                        else cfg.model, seed=cfg.run.seed)
         else:
             if self.translation.trainer["model_dtype"] is not None:
                 raise ConfigError("model_init_kwargs applies to a model given by path, but the model is "
@@ -173,6 +178,8 @@ class GRPOTrainer:
             # this rank's device (cuda:LOCAL_RANK under torchrun), decided from the launcher's environment
             place_model(model, resolve_device(cfg.model.device), what="the model")
             without_hub_kernels(model)     # plain PyTorch layers (grpokit.model.loading.without_hub_kernels)
+            if is_quantized(model) and not is_peft_model(model):   # loaded 4-bit / 8-bit by the user
+                model = prepare_quantized(model, cfg.model)
             if cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
                 model.gradient_checkpointing_enable()
                 model.config.use_cache = False

@@ -19,6 +19,7 @@ from typing import Any
 
 from grpokit.config.schema import SECTIONS, ConfigError
 from grpokit.core.loss import LOSS_TYPES
+from grpokit.model.quantized import model_keys_from_bnb
 from grpokit.trl.fields import FIELDS, REASONS, REFUSE
 
 # MAP fields copied as they are: TRL field -> grpokit key.
@@ -129,7 +130,7 @@ def _check_refused(v: dict[str, Any]) -> None:
         if f.kind == REFUSE and not is_default(name, v[name]):
             raise refuse(name, v[name], REASONS[f.target])
     kwargs = dict(v["model_init_kwargs"] or {})
-    extra = [k for k in kwargs if k not in ("dtype", "torch_dtype")]
+    extra = [k for k in kwargs if k not in ("dtype", "torch_dtype", "quantization_config")]
     if extra:
         raise refuse("model_init_kwargs", kwargs, f"key '{extra[0]}': " + REASONS["model"])
 
@@ -340,6 +341,10 @@ def translate(args: Any, num_prompts: int | None = None, world_size: int = 1) ->
         _put(t, "model.dtype", str(dtype).replace("torch.", ""), "model_init_kwargs")
         if t.overrides["model.dtype"] != "float32":   # 16-bit weights compute in their own dtype
             t.overrides.pop("model.precision", None)
+    quantization = dict(v["model_init_kwargs"] or {}).get("quantization_config")
+    if quantization is not None:   # QLoRA: the base loaded by bitsandbytes (grpokit.model.quantized)
+        for key, value in model_keys_from_bnb(quantization).items():
+            _put(t, key, value, "model_init_kwargs")
     _notes_for_defaults(v, t)
     t.trainer.update(reward_weights=v["reward_weights"], disable_dropout=bool(v["disable_dropout"]),
                      resume_from_checkpoint=v["resume_from_checkpoint"], model_dtype=dtype,
