@@ -124,3 +124,28 @@ def test_the_head_cast_is_made_once_per_weight_version():
     assert speedups.active() is speedups.PLAIN
     assert plain is not speedups.active().cast_head(head, torch.bfloat16)
 
+
+
+def test_the_sorted_sum_cuda_takes_adds_what_index_add_does():
+    """issue 61 A5: on CUDA the rows go through index_put_(accumulate=True) (sorted, one thread per id)
+    instead of index_add_'s atomics; here both run on the CPU, with heavily repeated ids, and must agree."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 7, (500,))                                  # each id ~70 times
+    src = torch.randn(500, 16)
+    plain, sorted_ = torch.zeros(7, 16), torch.zeros(7, 16)
+    master_grads.sum_rows_into(plain, ids, src, sorted_sum=False)
+    master_grads.sum_rows_into(sorted_, ids, src, sorted_sum=True)
+    want = torch.stack([src[ids == v].sum(0) for v in range(7)])
+    assert torch.allclose(plain, want, atol=1e-5) and torch.allclose(sorted_, want, atol=1e-5)
+    again = torch.zeros(7, 16)
+    master_grads.sum_rows_into(again, ids, src, sorted_sum=True)
+    assert torch.equal(again, sorted_)
+
+
+def test_add_rows_picks_the_sorted_sum_by_the_weights_device(monkeypatch):
+    seen = []
+    monkeypatch.setattr(master_grads, "sum_rows_into",
+                        lambda dst, ids, src, sorted_sum: seen.append(sorted_sum))
+    weight = torch.zeros(5, 3, requires_grad=True)
+    master_grads.add_rows(weight, torch.tensor([1, 1, 2]), None, torch.ones(3, 3))
+    assert seen == [False]                                             # CPU: index_add_, as before

@@ -242,3 +242,61 @@ def test_missing_vllm_is_one_line(tmp_path, char_tokenizer, tiny_model):
     state = _state(tmp_path, char_tokenizer, tiny_model)
     with pytest.raises(ImportError, match="pip install 'grpokit\\[vllm\\]'"):
         vllm_sample(state, ["Go:"])
+
+
+def test_server_token_is_checked_and_sent(tmp_path, char_tokenizer, tiny_model, monkeypatch):
+    """With --token, a request without it or with a wrong one gets 401 (the client raises PermissionError
+    naming the variable); the trainer's client sends $GRPOKIT_SERVE_TOKEN and is served."""
+    import urllib.error
+    import urllib.request
+
+    from grpokit.serve_auth import TOKEN_ENV
+
+    state = _state(tmp_path, char_tokenizer, tiny_model, **{"rollout.vllm_mode": "server"})
+    engine = _engine(state)
+    server = make_server(engine, "127.0.0.1", 0, token="s3cret-token")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-token"}):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(urllib.request.Request(url + "/health", headers=headers), timeout=5)
+            assert e.value.code == 401, headers
+        monkeypatch.delenv(TOKEN_ENV, raising=False)
+        with pytest.raises(PermissionError, match=TOKEN_ENV):
+            ServerEngine(url, timeout=5).load_weights(list(policy_weights(state.model))[:1])
+        assert engine.calls == []                                   # nothing reached the engine
+        monkeypatch.setenv(TOKEN_ENV, "s3cret-token")
+        state.rollout_engine = VLLMRollouts(ServerEngine(url, timeout=30), colocate=False)
+        r = vllm_sample(state, ["Say a:", "Go:"])
+        assert r.completion_mask.sum(-1).tolist() == [2, 6, 4, 6] * 2
+        assert engine.calls[-1] == "generate"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.7", "example.org"])
+def test_server_refuses_to_listen_beyond_loopback_without_a_token(host, monkeypatch):
+    from grpokit.cli.vllm_serve import main
+    from grpokit.serve_auth import TOKEN_ENV, is_loopback
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with pytest.raises(ValueError, match="--token"):
+        make_server(object(), host, 0)
+    # the command refuses before vLLM is imported or started (exit 2, one line)
+    assert main(["--model", "no-such-folder", "--host", host]) == 2
+    assert not is_loopback(host)
+    assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.8.0.1",
+                                        "::ffff:127.0.0.1"))
+
+
+def test_serve_token_compare_and_redaction():
+    from grpokit.serve_auth import authorized, redacted, resolve_token
+
+    assert authorized("Bearer abc", "abc") and authorized("bearer abc ", "abc")
+    assert not authorized("Bearer abd", "abc") and not authorized(None, "abc")
+    assert not authorized("abc", "abc")                             # no scheme
+    assert authorized(None, "")                                    # no token: loopback only, anything goes
+    assert resolve_token(None, {"GRPOKIT_SERVE_TOKEN": " t "}) == "t" and resolve_token("x", {}) == "x"
+    assert "abc" not in redacted("abc") and redacted("") == "none"

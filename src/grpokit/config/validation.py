@@ -106,6 +106,8 @@ def _check_vllm(cfg: ConfigTree) -> None:
            "but rollout.backend=vllm samples elsewhere: set rollout.reuse_activations=auto or false")
     _check(r.vllm_server_base_url.startswith(("http://", "https://")),
            f"rollout.vllm_server_base_url must start with http://, got {r.vllm_server_base_url!r}")
+    _check(not cfg.run.fsdp, "run.fsdp=true with rollout.backend=vllm: the engine's weight sync reads whole "
+           "tensors and FSDP holds each rank's shards: set run.fsdp=false (DDP) or rollout.backend=fast")
     if r.vllm_mode == "server":
         for key, value, flag in (("vllm_kv_cache_gib", r.vllm_kv_cache_gib, "--kv-cache-gib"),
                                  ("vllm_cpu_threads", r.vllm_cpu_threads, "--threads")):

@@ -56,7 +56,21 @@ def add_rows(weight: torch.Tensor, ids: torch.Tensor, padding_idx: int | None, g
     with torch.no_grad():
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
-        weight.grad.index_add_(0, ids, grad.to(weight.grad.dtype))
+        sum_rows_into(weight.grad, ids, grad.to(weight.grad.dtype), sorted_sum=weight.device.type == "cuda")
+
+
+def sum_rows_into(dst: torch.Tensor, ids: torch.Tensor, src: torch.Tensor, *, sorted_sum: bool) -> None:
+    """dst[ids[i]] += src[i] (dst [V, H], ids [N], src [N, H]), in an order that repeats run after run.
+
+    CPU: `index_add_` adds the rows one after another. CUDA: `index_add_` adds with atomics in whatever order
+    the threads arrive (a repeated token's rows sum differently each run; PyTorch lists it among the ops
+    `use_deterministic_algorithms` must fix), so `sorted_sum` takes `index_put_(accumulate=True)`, whose
+    CUDA kernel sorts the ids and sums each id's rows in one thread: what index_add_ itself does under
+    PyTorch's deterministic mode, without switching that process-wide flag from inside a backward hook."""
+    if sorted_sum:
+        dst.index_put_((ids,), src, accumulate=True)
+    else:
+        dst.index_add_(0, ids, src)
 
 
 class HeadCasts:

@@ -33,6 +33,7 @@ import json
 import logging
 import re
 import tempfile
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
@@ -62,6 +63,7 @@ from grpokit.rollout.vllm_engine import (
     require_vllm,
 )
 from grpokit.rollout.vllm_turns import sample_turns
+from grpokit.serve_auth import TOKEN_ENV, auth_headers, resolve_token
 
 __all__ = ["INSTALL_HINT", "GenerationEngine", "Sample", "SamplingSpec", "ServerEngine", "VLLMEngine",
            "VLLMError", "VLLMRollouts", "build_rollouts", "engine_rollout", "in_process_backend",
@@ -96,15 +98,22 @@ class ServerEngine:
     """Client of `grpokit vllm-serve` (rollout.vllm_mode=server): JSON for generation, safetensors for
     weights."""
 
-    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 600.0, token: str | None = None) -> None:
+        """token: the server's --token; None = $GRPOKIT_SERVE_TOKEN (never a config field: configs are saved
+        with every checkpoint), '' = none."""
         self.base_url, self.timeout = base_url.rstrip("/"), timeout
+        self.token = resolve_token(token) if token is None else token
 
     def _post(self, path: str, body: bytes, content_type: str = "application/json") -> Any:
-        req = urllib.request.Request(self.base_url + path, data=body, headers={"Content-Type": content_type})
+        headers = {"Content-Type": content_type, **auth_headers(self.token)}
+        req = urllib.request.Request(self.base_url + path, data=body, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read() or b"null")
         except OSError as e:
+            if isinstance(e, urllib.error.HTTPError) and e.code == 401:
+                raise PermissionError(f"vLLM server {self.base_url} refused {path}: the token is missing or "
+                                      f"wrong; set {TOKEN_ENV} to the server's --token") from None
             raise ConnectionError(f"vLLM server {self.base_url} did not answer {path} ({e}): start it with "
                                   "`grpokit vllm-serve --model PATH` or fix "
                                   "rollout.vllm_server_base_url") from None

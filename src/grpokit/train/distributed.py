@@ -126,11 +126,17 @@ class Distributed:
         """Factor on each rank's loss so that the averaged gradient is the global-batch one (W)."""
         return float(self.world_size)
 
-    def check(self, prompts_per_step: int) -> None:
-        """Raise a one-line error when the B prompts of a step cannot be split evenly over the ranks."""
+    def check(self, prompts_per_step: int, algorithm: str = "grpo") -> None:
+        """Raise a one-line error when the B prompts of a step cannot be split evenly over the ranks, or the
+        run needs one process (PPO: its policy and critic passes do not go through the DDP / FSDP wrappers,
+        so N ranks would train N unsynchronised replicas)."""
         if prompts_per_step % self.world_size:
             raise ConfigError(f"rollout.prompts_per_step ({prompts_per_step}) must be divisible by the "
                               f"number of ranks ({self.world_size}): each rank takes whole groups")
+        if algorithm == "ppo" and self.enabled:
+            raise ConfigError(f"loss.algorithm=ppo runs in one process, not {self.world_size} ranks (its "
+                              "critic is not synchronised): launch it without torchrun or use "
+                              "loss.algorithm=grpo")
 
     def seed(self, seed: int) -> None:
         """Give rank r > 0 its own sampling stream (rank 0 keeps the one-process stream)."""

@@ -65,7 +65,7 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     """
     if dist is None:  # torchrun / accelerate launch: N ranks; else a no-op
         dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device)
-    dist.check(cfg.rollout.prompts_per_step)
+    dist.check(cfg.rollout.prompts_per_step, cfg.loss.algorithm)
     torch.manual_seed(cfg.run.seed)
     if model is None:
         model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)

@@ -231,7 +231,8 @@ _GRPO = {  # trl.GRPOConfig's own fields
     "vllm_enable_sleep_mode": Field(False, REFUSE, "vllm"),
     "vllm_structured_outputs_regex": Field(None, REFUSE, "vllm"),
     "vllm_server_base_url": Field(None, DERIVED, "rollout.vllm_server_base_url (None: "
-                                  "http://vllm_server_host:vllm_server_port)"),
+                                  "http://vllm_server_host:vllm_server_port); a `grpokit vllm-serve`: "
+                                  "`trl vllm-serve` speaks another API"),
     "vllm_server_host": Field("0.0.0.0", DERIVED, "rollout.vllm_server_base_url"),
     "vllm_server_port": Field(8000, DERIVED, "rollout.vllm_server_base_url"),
     "vllm_server_timeout": Field(240.0, REFUSE, "vllm"),
