@@ -83,6 +83,13 @@ def _run_coroutines(awaitables: list) -> list:
         return pool.submit(asyncio.run, gather()).result()
 
 
+def need(value: Any, key: str, reward: str, what: str) -> Any:
+    """A keyword a built-in reward cannot do without: RewardError naming it when it is missing."""
+    if value is None:
+        raise RewardError(f"reward '{reward}' needs the '{key}' keyword ({what}); pass it to score_responses")
+    return value
+
+
 def run_async_batches(funcs: list[Callable], prompts: list, completions: list,
                       kwargs: dict[str, Any]) -> list:
     """The batch calls of every ``async def`` function in `funcs`, awaited concurrently; per function its

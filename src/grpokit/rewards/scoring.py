@@ -22,7 +22,6 @@ retry, score checks) lives in `grpokit.rewards.calls`.
 
 from __future__ import annotations
 
-import bisect
 import difflib
 import importlib
 import importlib.util
@@ -31,7 +30,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,18 +45,14 @@ from grpokit.rewards.calls import (
     _score,
     _steps,
     completions_as_messages,
+    need,
     run_async_batches,
 )
 from grpokit.rewards.outcome_rm import load_reward_model
-from grpokit.rewards.steps import check_steps, token_char_ends  # noqa: F401  (part of this module's API)
+from grpokit.rewards.shaping import overlong_reward, steps_reward
+from grpokit.rewards.steps import token_char_ends  # noqa: F401  (part of this module's API)
 
 log = logging.getLogger("grpokit")
-
-
-def _need(value: Any, key: str, reward: str, what: str) -> Any:
-    if value is None:
-        raise RewardError(f"reward '{reward}' needs the '{key}' keyword ({what}); pass it to score_responses")
-    return value
 
 
 def _per_completion(value: Any, n: int) -> list:
@@ -96,14 +91,14 @@ def rule_reward(response: str, ground_truth: str) -> float:
 
 def rule_rewards(prompts: list, completions: list, answer: list | None = None, **kwargs: Any) -> list[float]:
     """`rule_reward` over a batch (TRL signature; reads the ``answer`` column)."""
-    answers = _need(answer, "answer", "rule", "reference answers, a dataset column")
+    answers = need(answer, "answer", "rule", "reference answers, a dataset column")
     return [rule_reward(_as_text(c), str(a)) for c, a in zip(completions, answers)]
 
 
 def accuracy_reward(prompts: list, completions: list, answer: list | None = None,
                     **kwargs: Any) -> list[float]:
     """1.0 when the final answer (last box; else ``#### x`` / ``The answer is x``) is right, else 0.0."""
-    answers = _need(answer, "answer", "accuracy", "reference answers, a dataset column")
+    answers = need(answer, "answer", "accuracy", "reference answers, a dataset column")
     return [1.0 if answers_match(extract_answer(_as_text(c)) or "", str(a)) else 0.0
             for c, a in zip(completions, answers)]
 
@@ -131,61 +126,6 @@ def format_reward(prompts: list, completions: list, task_format: str | list = "b
             for t, f in zip(map(_as_text, completions), formats)]
 
 
-def overlong_reward(prompts: list, completions: list, completion_ids: list | None = None,
-                    max_completion_length: int | None = None, overlong_buffer: int = 0,
-                    overlong_penalty: float = 1.0, **kwargs: Any) -> list[float]:
-    """DAPO soft overlong punishment (eq. 13), scaled by `overlong_penalty`.
-
-    With L_max = max_completion_length and L_cache = overlong_buffer, a completion of length L gets
-    0 when L <= L_max - L_cache, ((L_max - L_cache) - L) / L_cache inside the buffer (down to -1 at
-    L_max) and -1 beyond L_max. Lengths are ``len(completion_ids[i])``.
-    """
-    ids = _need(completion_ids, "completion_ids", "length", "token ids of each completion")
-    l_max = _need(max_completion_length, "max_completion_length", "length", "the rollout's T")
-    start = l_max - overlong_buffer
-    out = []
-    for seq in ids:
-        n = len(seq)
-        if n <= start:
-            out.append(0.0)
-        elif n <= l_max:
-            out.append(-overlong_penalty * (n - start) / overlong_buffer)
-        else:
-            out.append(-float(overlong_penalty))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Process reward: exact arithmetic steps
-# ---------------------------------------------------------------------------------------------
-
-def steps_reward(prompts: list, completions: list, completion_char_ends: list | None = None,
-                 step_correct_reward: float = 1.0, step_wrong_reward: float = -1.0,
-                 **kwargs: Any) -> list[list[tuple[int, float]]]:
-    """Process reward: one (end_token_index, reward) per arithmetic equation the model writes.
-
-    Each equation found by `grpokit.rewards.steps.check_steps` earns `step_correct_reward` when its
-    left side evaluates exactly to its result, else `step_wrong_reward`. The step ends at the
-    token holding the last character of its result, found from ``completion_char_ends[i]`` (see
-    `token_char_ends`). Several steps may end on the same token; each stays a separate step.
-    """
-    char_ends = _need(completion_char_ends, "completion_char_ends", "steps",
-                      "token_char_ends of each completion")
-    out = []
-    for text, ends in zip(map(_as_text, completions), char_ends):
-        pairs = []
-        for step in check_steps(text):
-            if not ends:
-                break
-            token = min(bisect.bisect_left(ends, step.end), len(ends) - 1)
-            pairs.append((token, float(step_correct_reward if step.correct else step_wrong_reward)))
-        out.append(pairs)
-    return out
-
-
-steps_reward.process = True  # type: ignore[attr-defined]
-
-
 # ---------------------------------------------------------------------------------------------
 # Registry
 # ---------------------------------------------------------------------------------------------
@@ -198,6 +138,27 @@ REWARDS: dict[str, Callable] = {
     "overlong": overlong_reward,
     "steps": steps_reward,
 }
+
+
+CODE_REWARDS = ("code_tests", "code_all", "code_format")   # grpokit.rewards.code: run in the sandbox
+
+
+def correctness(per_func: dict[str, torch.Tensor], prompts: list, completions: list,
+                columns: dict[str, list]) -> torch.Tensor | None:
+    """[N] whether each completion is right (NaN: cannot tell; None: the task has no notion of it): the
+    accuracy reward's scores; for a code task (a 'tests' column) every test passed (code_all, else
+    code_tests == 1); else the boxed answer checked against the 'answer' column."""
+    if "accuracy" in per_func:
+        return per_func["accuracy"]
+    if "tests" in columns:
+        if "code_all" in per_func:
+            return per_func["code_all"]
+        share = per_func.get("code_tests")
+        return None if share is None else torch.where(share.isnan(), share, (share == 1).float())
+    if "answer" not in columns:
+        return None
+    acc = accuracy_reward(prompts, completions, **columns)
+    return torch.tensor([math.nan if a is None else float(a) for a in acc])
 
 
 def _import_module(spec: str, name: str) -> Any:
@@ -235,14 +196,19 @@ def get_reward_function(name: str, *, rm: Any = None, policy_device: Any = None)
     """
     if name in REWARDS:
         return REWARDS[name]
+    if name in CODE_REWARDS:   # a pool of its own, sized by RewardConfig's defaults
+        from grpokit.config.schema import RewardConfig
+        from grpokit.rewards.code import code_rewards, runner_for
+
+        return code_rewards(runner_for(RewardConfig()))[name]
     if name.startswith("rm:"):  # a learned reward model folder
         return load_reward_model(name[3:], rm, policy_device=policy_device)
     if Path(name).expanduser().is_dir():  # a reward model folder without the prefix
         return load_reward_model(name, rm, policy_device=policy_device)
     if ":" not in name:
-        close = difflib.get_close_matches(name, list(REWARDS), n=1, cutoff=0.5)
+        close = difflib.get_close_matches(name, [*REWARDS, *CODE_REWARDS], n=1, cutoff=0.5)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise RewardError(f"unknown reward '{name}'{hint}: use one of {', '.join(REWARDS)} "
+        raise RewardError(f"unknown reward '{name}'{hint}: use one of {', '.join([*REWARDS, *CODE_REWARDS])} "
                           f"or an import path 'package.module:function'")
     spec, _, attr = name.rpartition(":")
     obj = _import_module(spec, name)
@@ -258,9 +224,15 @@ def get_reward_function(name: str, *, rm: Any = None, policy_device: Any = None)
 def build_reward_funcs(cfg: Any,
                        policy_device: torch.device | None = None) -> list[tuple[str, Callable, float]]:
     """(name, function, weight) per reward.funcs entry of a `grpokit.config.schema.GRPOConfig`; an
-    'rm:PATH' reward model is loaded with cfg.rm, on the policy's device when rm.device=auto."""
-    funcs = [(name, get_reward_function(name, rm=cfg.rm, policy_device=policy_device), float(w))
-             for name, w in cfg.reward.funcs.items()]
+    'rm:PATH' reward model is loaded with cfg.rm, on the policy's device when rm.device=auto; the code
+    rewards share one sandbox pool sized by reward.sandbox* (grpokit.rewards.code)."""
+    code: dict[str, Callable] = {}
+    if set(cfg.reward.funcs) & set(CODE_REWARDS):
+        from grpokit.rewards.code import code_rewards, runner_for  # the sandbox, only for code rewards
+
+        code = code_rewards(runner_for(cfg.reward))
+    funcs = [(name, code.get(name) or get_reward_function(name, rm=cfg.rm, policy_device=policy_device),
+              float(w)) for name, w in cfg.reward.funcs.items()]
     if cfg.reward.overlong_buffer > 0 and "overlong" not in cfg.reward.funcs:
         funcs.append(("overlong", get_reward_function("overlong"), 1.0))  # DAPO soft overlong punishment
     return funcs
@@ -292,6 +264,7 @@ class RewardBatch:
     per_func: dict[str, torch.Tensor]  # name -> [N] float32 raw scores, NaN where None (process: step sum)
     num_errors: int  # completions excluded because a function raised under reward_errors='skip'
     step_rewards: list[list[tuple[int, float]]] | None  # weighted (end_token_index, r) per completion
+    metrics: dict[str, float] = field(default_factory=dict)  # the functions' batch figures (code/...)
 
 
 def _warn_unscored(i: int, prompts: list, completions: list, count: int) -> None:
@@ -345,9 +318,11 @@ def score_responses(reward_funcs: Sequence[tuple[str, Callable, float]], prompts
     step_rewards: list[list[tuple[int, float]]] | None = None
     completions = completions_as_messages(prompts, completions)  # chat prompts: TRL's message completions
     awaited = run_async_batches([fn for _, fn, _ in reward_funcs], prompts, completions, kwargs)
+    metrics: dict[str, float] = {}
     for (name, fn, weight), batch_out in zip(reward_funcs, awaited):
         out, errors = _call(name, fn, prompts, completions, kwargs, reward_errors, batch_out)
         failed |= errors
+        metrics.update(getattr(fn, "batch_metrics", dict)())   # e.g. the sandbox's outcomes
         if getattr(fn, "process", False):
             steps = [_steps(name, v, i, lengths[i]) for i, v in enumerate(out)]
             if step_rewards is None:
@@ -374,4 +349,4 @@ def score_responses(reward_funcs: Sequence[tuple[str, Callable, float]], prompts
         total[i] = math.nan
         if step_rewards is not None:
             step_rewards[i] = []
-    return RewardBatch(total, per_func, len(failed), step_rewards)
+    return RewardBatch(total, per_func, len(failed), step_rewards, metrics)

@@ -10,6 +10,7 @@ trained, and a `Trajectory` per row (`grpokit.rollout.trajectory`) with its turn
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,7 +46,10 @@ class Rollout:
     prompts: list[Any]                # N prompts (text or chat messages), each repeated G times
     truncated: torch.Tensor           # [N] bool, no EOS within max_new_tokens
     group_size: int                   # G
-    sampling_logprobs: torch.Tensor | None = None  # [N, T] log-probs under the sampling distribution
+    # [N, T] each sampled token's log-prob as the sampler reports it: grpokit's decode loop, under the
+    # temperature-scaled full distribution (the trainer's own pi_old); vLLM, after its top-k / top-p as
+    # well ("processed"), the same thing only when top_p = 1 and top_k = 0 (docs/vllm.md)
+    sampling_logprobs: torch.Tensor | None = None
     # [N, T] long, 1 on the tokens the policy sampled, 0 on environment tokens and padding; None: every
     # completion token was sampled (one turn: the same as completion_mask)
     model_mask: torch.Tensor | None = None
@@ -71,6 +75,16 @@ class Rollout:
     def completion_lengths(self) -> torch.Tensor:
         """[N] valid tokens per completion (EOS included)."""
         return self.completion_mask.sum(-1)
+
+    def to(self, device: torch.device | str | None) -> Rollout:
+        """The same rollout with its tensors on `device` (itself when they are there already, or None):
+        rollouts built on the CPU (a vLLM server's samples, a rollout_func's ids) meet a CUDA policy."""
+        fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group_ids", "truncated",
+                  "sampling_logprobs", "model_mask")
+        tensors = {f: getattr(self, f) for f in fields if getattr(self, f) is not None}
+        if device is None or all(t.device == torch.device(device) for t in tensors.values()):
+            return self
+        return dataclasses.replace(self, **{f: t.to(device) for f, t in tensors.items()})
 
     def select(self, rows: torch.Tensor | Sequence[int]) -> Rollout:
         """A Rollout of the given rows (whole groups, in order), e.g. for dynamic sampling."""

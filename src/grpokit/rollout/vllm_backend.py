@@ -16,7 +16,10 @@ The tokens come with vLLM's own log-probs (`Rollout.sampling_logprobs`): the dis
 drawn from. vLLM computes them with other kernels (and often another precision) than the trainer, so
 pi_sampler != pi_old; the trainer corrects this with truncated importance sampling
 (loss.truncated_is_weights, loss.tis_level / loss.tis_cap) and reports tis/mean_weight,
-tis/clipped_frac and the measured mismatch tis/logprob_diff_mean, tis/logprob_diff_max per step.
+tis/clipped_frac and the measured mismatch mismatch/abs_logprob_diff_mean, mismatch/abs_logprob_diff_max
+per step. vLLM's log-probs are "processed": after temperature and, when set, top-k / top-p; grpokit's
+samplers and the trainer leave the filter out. With top_p < 1 or top_k > 0 the measured mismatch thus
+includes the filter's renormalization (log of the kept mass), and so do the truncated IS weights.
 
 With tools or an environment (grpokit.agents), vLLM samples the model's turns and grpokit runs the tools
 between them, each continuation a request on the row's token ids so far (`VLLMRollouts.sample_turns`,

@@ -168,8 +168,9 @@ def check_cpu_head_size(model_path: str) -> None:
 @contextlib.contextmanager
 def engine_environment() -> Iterator[None]:
     """vLLM's settings for an engine inside the trainer's process, set while it starts and restored after:
-    the engine in this process (weights load here, no worker process), and the trainer's threads not
-    pinned to cores (unless the user set either)."""
+    the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, always: the weight sync needs the engine
+    in this process, so a user's value is overridden while the engine starts), and the trainer's threads
+    not pinned to cores (VLLM_CPU_OMP_THREADS_BIND=nobind unless the user set it)."""
     wanted = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     saved = {k: os.environ.get(k) for k in wanted}
     for k, v in wanted.items():

@@ -5,8 +5,9 @@
     dec.extend(prefixes, n, limits, separator)          # n one-step continuations per token-id prefix
     dec.extend(prefixes, n, limits, None)               # n continuations to EOS (MCTS rollouts)
 
-`extend`'s completions carry their ids and each id's log-prob under the sampling distribution (the
-tempered, top-p/top-k filtered one the loop drew from): MCTS rollouts for training
+`extend`'s completions carry their ids and each id's log-prob as grpokit's decode loop reports it: under
+the temperature-scaled full distribution (grpokit.rollout.sampling; top-p / top-k choose the draw but are
+not in the log-prob, so it is what the trainer's own pass computes): MCTS rollouts for training
 (`grpokit.search.mcts_batch`) hand them to the update as the rows' sampling log-probs.
 
 `complete` is `grpokit.rollout.groups.sample_groups` (group_size = n: each prompt is prefilled once and

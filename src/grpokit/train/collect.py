@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from grpokit.model.devices import model_device
 from grpokit.observe.metrics import PhaseTimer
-from grpokit.rewards.scoring import REWARDS, reward_kwargs, score_responses, token_char_ends
+from grpokit.rewards.scoring import correctness, reward_kwargs, score_responses, token_char_ends
 from grpokit.rollout.groups import merge_kept_groups, sample_groups
 from grpokit.rollout.tree import TreeSpec
 from grpokit.rollout.vllm_backend import vllm_agent_sampler, vllm_sample
@@ -68,16 +69,21 @@ def score_batch(state: TrainState, examples: list, rollout, env_extra: dict[str,
                                  reward_errors=cfg.reward.reward_errors, **extra)
         if state.reward_loop is not None:  # the RM's next training data, labeled by the verifier
             state.reward_loop.record(rollout, columns)
-        correct = scores.per_func.get("accuracy")
-        if correct is None and "answer" in columns:
-            acc = REWARDS["accuracy"](rollout.prompts, rollout.completions, **columns)
-            correct = torch.tensor([float("nan") if a is None else float(a) for a in acc])
+        correct = correctness(scores.per_func, rollout.prompts, rollout.completions, columns)
     return rollout, scores, correct
 
 
 def collect_batch(state: TrainState, timer: PhaseTimer):
-    """Prompts for one step, sampled and scored; with dynamic sampling (DAPO), groups whose rewards
-    are all equal are dropped and new prompts sampled, at most `max_resample_rounds` extra rounds."""
+    """Prompts for one step, sampled and scored, the rollout on the policy's device (a vLLM server's,
+    an async thread's or a rollout_func's tensors are built on the CPU): (rollout, scores, correct,
+    info)."""
+    rollout, scores, correct, info = _sampled_and_scored(state, timer)
+    return rollout.to(model_device(state.model)), scores, correct, info
+
+
+def _sampled_and_scored(state: TrainState, timer: PhaseTimer):
+    """With dynamic sampling (DAPO), groups whose rewards are all equal are dropped and new prompts
+    sampled, at most `max_resample_rounds` extra rounds."""
     cfg = state.cfg
     B, G = cfg.rollout.prompts_per_step // state.dist.world_size, cfg.rollout.num_generations  # this rank's B
     if state.async_rollouts is not None:   # rollout.async: the worker sampled it, up to K versions ago

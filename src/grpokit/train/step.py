@@ -145,7 +145,8 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
                    **{f"rewards/{k}/std": nan_std(g(v)) for k, v in scores.per_func.items()},
                    **tensor_stats("advantage", g(adv_flat)),
                    **length_stats(mask, g(rollout.truncated), correct_all),
-                   **upd, **state.dist.reduce_sums(info), "reward_errors": state.dist.sum(scores.num_errors),
+                   **upd, **state.dist.reduce_sums({**info, **scores.metrics}),   # code/...: the sandbox
+                   "reward_errors": state.dist.sum(scores.num_errors),
                    "bad_steps": float(state.bad_steps), "skipped_updates": float(state.skipped_updates),
                    "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum()),
                    **trajectory_stats(rollout, g),   # tools / environments only: turns, calls, errors
