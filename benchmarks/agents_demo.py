@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from docs_agents import agents_table  # noqa: E402  (scripts/docs_agents.py: the docs' tables)
+from pages.agents import agents_table  # noqa: E402  (scripts/pages/agents.py: the docs' tables)
 
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs"

@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from docs_tree import policy_of, search_table  # noqa: E402  (scripts/docs_tree.py: the docs' table)
+from pages.search import policy_of, search_table  # noqa: E402  (scripts/pages/search.py: the docs' table)
 
 RAW = ROOT / "benchmarks" / "results" / "search_demo.jsonl"
 SEP = ". "       # the demo's equation end: '37+58=95. \\boxed{95}' has two steps

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from bench_record import append_rows, run_meta  # noqa: E402  (scripts/bench_record.py)
-from docs_tree import interpolate  # noqa: E402  (scripts/docs_tree.py)
+from pages.search import curve_at as interpolate  # noqa: E402  (scripts/pages/search.py)
 
 ARM = re.compile(r"^tree-(\d+(?:x\d+)*)-at(\d+(?:-\d+)*)$")
 MCTS_ARM = re.compile(r"^mcts(?:-w(\d+))?(?:-b(\d+))?(-steps)?$")

@@ -18,11 +18,13 @@ import hmac
 import ipaddress
 import os
 from collections.abc import Mapping
+from typing import BinaryIO
 
 TOKEN_ENV = "GRPOKIT_SERVE_TOKEN"
+REFUSED = {"error": "missing or wrong token: send Authorization: Bearer <the server's --token>"}   # the 401
 
-__all__ = ["TOKEN_ENV", "auth_headers", "authorized", "is_loopback", "redacted", "require_token",
-           "resolve_token"]
+__all__ = ["REFUSED", "TOKEN_ENV", "auth_headers", "authorized", "drain", "is_loopback", "redacted",
+           "require_token", "resolve_token"]
 
 
 def is_loopback(host: str) -> bool:
@@ -72,3 +74,13 @@ def auth_headers(token: str) -> dict[str, str]:
 def redacted(token: str) -> str:
     """How a token appears in logs: never in full."""
     return f"set ({len(token)} characters)" if token else "none"
+
+
+def drain(stream: BinaryIO, size: int) -> None:
+    """Read and drop a request body of `size` bytes in 1 MiB pieces, none kept: a refused client still
+    reads the answer instead of a reset connection."""
+    while size > 0:
+        piece = stream.read(min(size, 1 << 20))
+        if not piece:
+            return
+        size -= len(piece)

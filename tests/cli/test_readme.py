@@ -1,61 +1,120 @@
-"""The README's promises: the two set-up commands, the code map, and a config reference in sync."""
+"""The README's promises: the two set-up commands, the code map, and every generated block of README.md and
+docs/*.md equal to what its raw rows give (scripts/pages/: one spec per block, one renderer)."""
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+sys.path.insert(0, str(ROOT / "scripts"))
+from pages import asynchronous, experiments, readme  # noqa: E402  (scripts/pages/: the specs)
+from pages.blocks import BLOCKS  # noqa: E402
+from pages.raw import benchmarks, newest_group  # noqa: E402
+from pages.render import Block, Column, Table, Text, fill, markers, render  # noqa: E402
+
+FIGURE = re.compile(r"\d+\.\d+|\d{2,}")
+IDS = [f"{b.page}:{b.name}" for b in BLOCKS]
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "scripts" / "update_readme.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _page(block: Block) -> str:
+    return (ROOT / block.page).read_text(encoding="utf-8")
 
 
-def test_the_headline_table_and_the_demo_output_are_computed_from_their_raw_rows():
-    mod = _generator()
-    assert mod.HEAD_START in README and mod.DEMO_START in README, "the README has lost its markers"
-    assert mod.render_readme(README) == README, "run: python scripts/update_readme.py"
+@pytest.mark.parametrize("block", BLOCKS, ids=IDS)
+def test_every_generated_block_is_what_its_rows_give(block):
+    text = _page(block)
+    assert markers(block.name)[0] in text, f"{block.page} has lost the markers of {block.name}"
+    assert render(text, block) == text, "run: python scripts/update_readme.py"
 
 
-def test_one_edited_figure_fails_the_check():
-    mod = _generator()
-    table = README.split(mod.HEAD_START, 1)[1].split(mod.HEAD_END, 1)[0]
-    figure = re.search(r"\d+\.\d%", table).group(0)                  # the first measured figure
-    edited = README.replace(figure, "9" + figure, 1)
-    assert edited != README and mod.render_readme(edited) != edited
+@pytest.mark.parametrize("block", BLOCKS, ids=IDS)
+def test_an_edited_figure_in_any_block_fails_the_check_and_is_put_back(block):
+    text = _page(block)
+    start, end = markers(block.name)
+    figure = FIGURE.search(text, text.index(start) + len(start), text.index(end))
+    assert figure, f"{block.name}: no figure in the block"
+    edited = text[:figure.start()] + "9" + text[figure.start():]
+    assert render(edited, block) != edited and render(edited, block) == text
 
 
-def test_the_agents_tables_come_from_their_raw_rows():
-    mod = _generator()
-    page = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
-    assert mod.AGENTS_START in page, "docs/agents.md has lost its results markers"
-    assert mod.render_agents(page) == page, "run: python scripts/update_readme.py"
-    block = page.split(mod.AGENTS_START, 1)[1].split(mod.AGENTS_END, 1)[0]
-    figure = re.search(r"\d+\.\d%", block).group(0)
-    assert mod.render_agents(page.replace(figure, "9" + figure, 1)) == page   # an edited figure is put back
+def test_every_block_of_the_pages_has_a_spec():
+    specs = {(b.page, b.name) for b in BLOCKS}
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for name in re.findall(r"<!-- ([\w-]+):start -->", page.read_text(encoding="utf-8")):
+            assert (str(page.relative_to(ROOT)), name) in specs, f"{page.name}: block {name} has no spec"
 
 
-def test_the_demo_and_performance_tables_come_from_their_raw_rows():
-    mod = _generator()
-    for name, start, render in (("demo.md", mod.SEEDS_START, mod.render_demo_page),
-                                ("performance.md", mod.BENCH_START, mod.render_performance),
-                                ("memory.md", mod.MEMORY_START, mod.render_memory),
-                                ("real_model.md", mod.GSM8K_START, mod.render_real_model),
-                                ("async.md", mod.ASYNC_START, mod.render_async),
-                                ("search.md", mod.TREE_START, mod.render_tree)):
-        page = (ROOT / "docs" / name).read_text(encoding="utf-8")
-        assert start in page, f"docs/{name} has lost its markers"
-        assert render(page) == page, "run: python scripts/update_readme.py"
+def test_a_page_without_its_markers_is_refused():
+    with pytest.raises(ValueError, match="lost the markers of demo-seeds"):
+        render("no markers here", next(b for b in BLOCKS if b.name == "demo-seeds"))
 
 
-def test_config_reference_is_in_sync_with_the_config():
-    mod = _generator()
-    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert mod.START in page and mod.render(page) == page, "run: python scripts/update_readme.py"
+def test_the_named_formats():
+    values = {"a": 0.294, "d": 0.366, "r": 1.3127, "s": 140.3, "xs": [0.66, 0.694], "n": 3}
+    assert fill("{a:percent} {a:pct} {d:points} {d:signed} {r:ratio} {s:seconds} {n:plain}", values) == \
+        "29.4% 29.4 +36.6 pt +36.6 1.31x 140 s 3"
+    assert fill("{xs:pct} | {xs:.2f|, } | {r:.3f}", values) == "66.0 / 69.4 | 0.66, 0.69 | 1.313"
+
+
+def test_a_table_spec_renders_its_rows_columns_and_note():
+    table = Table(rows=lambda: [{"k": 1, "x": 0.5}, {"k": 2, "x": 0.25}],
+                  columns=(Column("k", "{k}"), Column("x", "{x:percent}")),
+                  note="Mean {m:percent}.", figures=lambda rs: {"m": sum(r["x"] for r in rs) / len(rs)})
+    assert table.text({}) == "| k | x |\n|---|---|\n| 1 | 50.0% |\n| 2 | 25.0% |\n\nMean 37.5%."
+    block = Block("page.md", "t", (Text("{w}", lambda: {"w": "above"}), table))
+    rendered = render("<!-- t:start -->\nold\n<!-- t:end -->", block)
+    assert rendered.startswith("<!-- t:start -->\nabove\n\n| k |")
+
+
+def test_the_demo_is_the_newest_set_of_seeds_and_says_where_seed_0_ran():
+    found = [{"seed": 0, "date": "d1", "commit": "a"}, {"seed": 1, "date": "d1", "commit": "a"},
+             {"seed": 0, "date": "d2", "commit": "b"}, {"seed": 1, "date": "d2", "commit": "b"}]
+    assert newest_group(found) == found[2:]
+    runs = readme.demo_runs()
+    assert len({(r["date"], r["commit"]) for r in runs}) == 1 and runs[0]["seed"] == 0
+    start, end = markers("demo-output")
+    block = " ".join(README.split(start, 1)[1].split(end, 1)[0].split())
+    seed0 = runs[0]
+    for said in (f"{seed0['wall_s']:.0f} s on {seed0['machine']}", readme.threads_text(seed0["threads"]),
+                 f"commit {seed0['commit']}", " / ".join(f"{100 * r['after']:.1f}" for r in runs)):
+        assert said in block, said
+    assert readme.threads_text("default (2)") == "the default 2 threads"
+    assert readme.threads_text("1") == "1 thread"
+
+
+def test_the_async_server_row_pairs_both_sides_of_one_benchmark():
+    name = "async_vllm_server_curve.jsonl"
+    runs, summary = asynchronous.paired(name)
+    assert not any(r.get("reused_from") for r in runs) and len({r["commit"] for r in runs}) == 1
+    reused = [s for rs, s in benchmarks(name) if any(r.get("reused_from") for r in rs)]
+    assert reused, "the file keeps a benchmark whose sync side was reused: the row must not take it"
+    row = next(line for line in README.splitlines() if "vLLM server as the worker" in line)
+    assert f"({summary['k1']['speedup']:.2f}x; bound {summary['k1']['bound_speedup']:.2f}x)" in row
+    assert all(f"({s['k1']['speedup']:.2f}x;" not in row for s in reused)
+    assert f"{summary['sync']['time_to_target_s'][0]:.0f} s sync" in row
+
+
+def test_the_claims_row_counts_the_claims_tables_verdicts():
+    holding = [c for c in experiments.CLAIMS if c.verdicts() == [True]]
+    row = next(line for line in README.splitlines() if "the chapter's claims" in line)
+    assert f"| {len(holding)} hold" in row
+    claims = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
+    assert claims.count("| **holds**:") == len(holding)
+
+
+def test_docs_index_is_a_front_page_with_the_headline_table_and_the_demo_plot():
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    start, end = markers("headline")
+    table = index.split(start, 1)[1].split(end, 1)[0].strip()
+    readme_table = README.split(start, 1)[1].split(end, 1)[0].strip()
+    assert table.startswith("| what | result |"), "docs/index.md shows the headline table itself"
+    assert table == readme_table.replace("](docs/", "](")        # the README's, linked from docs/
+    assert "](demo.md)" in table and "](docs/" not in table
+    assert index.index(end) < index.index("demo_plot.png") < index.index("## Where to read next")
 
 
 def test_the_readme_is_a_front_page():
@@ -128,42 +187,3 @@ def test_bench_record_keeps_the_rows_with_how_they_were_measured():
     rows = mod.records(lines, {"command": "grpokit bench ...", "commit": "abc", "date": "2026-12-04"})
     assert len(rows) == 2 and rows[0]["side"] == "grpokit" and rows[0]["commit"] == "abc"
     assert rows[1]["compare"]["ratio_trl_over_grpokit_s_per_step"] == 2.5 and rows[1]["micro_batch_size"] == 8
-
-
-def test_the_beam_cache_figures_come_from_their_raw_rows():
-    mod = _generator()
-    page = (ROOT / "docs" / "search.md").read_text(encoding="utf-8")
-    block = page[page.index("<!-- beam-cache:start -->"):page.index("<!-- beam-cache:end -->")]
-    figure = block.split("x faster")[0].rsplit(" ", 1)[1]               # the per-token ratio, e.g. 3.34
-    edited = page.replace(block, block.replace(f"{figure}x faster", f"9{figure}x faster"))
-    assert edited != page and mod.render_tree(edited) == page            # an edited figure is put back
-
-
-def _measured_blocks():
-    """(page, block name, blocks) for every generated block that scripts/docs_blocks.py collects."""
-    mod = _generator()
-    return [(page, name, blocks) for blocks in mod.MEASURED_BLOCKS
-            for page in blocks
-            for name in blocks[page]]
-
-
-def test_every_measured_block_is_generated_from_its_raw_files():
-    mod = _generator()
-    blocks = _measured_blocks()
-    assert len(blocks) >= 30
-    for page, name, table in blocks:
-        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
-        assert f"<!-- {name}:start -->" in text, f"docs/{page} has lost the markers of {name}"
-        assert mod.render_measured(page, text, table) == text, "run: python scripts/update_readme.py"
-
-
-def test_one_edited_figure_in_any_measured_block_fails_the_check():
-    mod = _generator()
-    for page, name, table in _measured_blocks():
-        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
-        start = text.index(f"<!-- {name}:start -->")
-        body_end = text.index(f"<!-- {name}:end -->")
-        figure = re.compile(r"\d+\.\d+|\d{2,}").search(text, start + len(name) + 15, body_end)
-        assert figure, f"{name}: no figure in the block"
-        edited = text[:figure.start()] + "9" + text[figure.start():]
-        assert mod.render_measured(page, edited, table) == text, f"{name}: an edited figure is not put back"

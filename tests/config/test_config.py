@@ -90,7 +90,10 @@ def test_each_choice_is_declared_once_and_help_validation_and_switch_derive_from
     found = choices(GRPOConfig())
     assert found["loss.loss_type"] == typing.get_args(ch.LossType) == LOSS_TYPES
     assert found["loss.scale_rewards"] == typing.get_args(ch.ScaleRewards) == SCALE_MODES
-    assert len(found) == 24 and found["model.bnb_4bit_quant_type"] == ("nf4", "fp4")
+    assert len(found) == 25 and found["model.bnb_4bit_quant_type"] == ("nf4", "fp4")
+    from grpokit.sandbox import MODES
+
+    assert found["reward.sandbox"] == MODES == ("bwrap", "process")
     assert found["rollout.backend"] == ("auto", "fast", "generate", "vllm")
     help_text = {f.name: f.metadata["help"] for f in dataclasses.fields(LossConfig)}
     assert help_text["loss_type"].startswith("grpo (eq. 3) | bnpo | dr_grpo | dapo (token mean over the "

@@ -24,7 +24,7 @@ SUBCOMMANDS = {  # name -> module with main(argv) -> int, imported when its comm
     "plot": "grpokit.cli.plot",
     "report": "grpokit.cli.report",
     "bench": "grpokit.cli.bench", "vllm-serve": "grpokit.cli.vllm_serve", "sweep": "grpokit.cli.sweep",
-    "rm": "grpokit.cli.rm",
+    "rm": "grpokit.cli.rm", "sandbox-serve": "grpokit.cli.sandbox_serve",
 }
 
 
@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="grpokit: %(message)s")
     for noisy in ("httpx", "urllib3", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # bitsandbytes (when installed) tries a hub kernel for its CPU 4-bit matmul at import and logs that it
+    # cannot load it offline; grpokit never uses that kernel (grpokit.model.quantized turns it off)
+    for noisy in ("bitsandbytes.backends.cpu.ops", "kernels"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the middle of our output

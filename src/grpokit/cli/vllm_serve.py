@@ -44,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from safetensors.torch import load
 
 from grpokit.rollout.vllm_engine import GenerationEngine, SamplingSpec, VLLMEngine, VLLMError
-from grpokit.serve_auth import TOKEN_ENV, authorized, redacted, require_token, resolve_token
+from grpokit.serve_auth import REFUSED, TOKEN_ENV, authorized, drain, redacted, require_token, resolve_token
 
 log = logging.getLogger("grpokit")
 
@@ -73,15 +73,9 @@ def make_server(engine: GenerationEngine, host: str = "127.0.0.1", port: int = 8
             """Answer 401 (the body read and dropped, so the client gets the answer) unless authorized."""
             if authorized(self.headers.get("Authorization"), token):
                 return False
-            left = int(self.headers.get("Content-Length") or 0)
-            while left > 0:                                   # in 1 MiB pieces, none kept
-                piece = self.rfile.read(min(left, 1 << 20))
-                if not piece:
-                    break
-                left -= len(piece)
+            drain(self.rfile, int(self.headers.get("Content-Length") or 0))
             self.close_connection = True
-            self._reply({"error": "missing or wrong token: send Authorization: Bearer <the server's "
-                                  "--token>"}, 401)
+            self._reply(REFUSED, 401)
             return True
 
         def do_GET(self) -> None:

@@ -3,6 +3,7 @@
     schema      GRPOConfig and its sections, defaults, YAML and dotted overrides, presets
     choices     every choice as a `Literal` type (help text, validation and switches derive from it)
     validation  range and consistency checks, one function per concern
+    code_checks the code tasks' and the sandbox's settings (and the code rewards' names)
     run_config  the config of a command-line run (a YAML file or the built-in demo, plus overrides)
     sweep_spec  the sweep file of `grpokit sweep`
 """

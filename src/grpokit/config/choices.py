@@ -12,7 +12,9 @@ from typing import Literal
 Dtype = Literal["float32", "bfloat16", "float16"]              # model.dtype: the stored weights
 Precision = Literal["fp32", "bf16", "auto"]                    # model.precision: compute precision
 QuantType = Literal["nf4", "fp4"]                              # model.bnb_4bit_quant_type
-TaskName = Literal["arithmetic", "gsm8k", "math500", "jsonl", "hf", "environment"]
+TaskName = Literal["arithmetic", "gsm8k", "math500", "jsonl", "hf", "environment",  # task.name
+                   "functions", "humaneval", "mbpp", "code"]
+SandboxMode = Literal["bwrap", "process"]                      # reward.sandbox (grpokit.sandbox)
 AnswerFormat = Literal["boxed", "r1"]                          # task.format
 TruncatePrompt = Literal["left", "error"]                      # rollout.truncate_prompt
 Backend = Literal["auto", "fast", "generate", "vllm"]          # rollout.backend

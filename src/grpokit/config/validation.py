@@ -13,6 +13,7 @@ import typing
 from pathlib import Path
 from typing import Literal
 
+from grpokit.config.code_checks import check_code
 from grpokit.config.sections import ConfigTree
 from grpokit.errors import ConfigError, suggest
 
@@ -323,7 +324,7 @@ def _check_reward_model_task(cfg: ConfigTree) -> None:
            "loss.ref_model_sync_steps needs full fine-tuning: with model.lora_r > 0 the reference is "
            "the base model itself; set loss.ref_model_sync_steps=0")
     t = cfg.task
-    _check(t.name in ("arithmetic", "environment") or t.path is not None or t.name in ("gsm8k", "math500"),
+    _check(t.name not in ("jsonl", "hf", "mbpp", "code") or t.path is not None,
            f"task.path is required for task.name={t.name}: give the jsonl file")
     _check(t.digits >= 1 and t.terms >= 2, "task.digits must be >= 1 and task.terms >= 2")
     _check(bool(t.operators) and set(t.operators) <= set("+-*"),
@@ -367,7 +368,7 @@ def validate(cfg: ConfigTree) -> None:
     """Every check; each failure is one line naming the field and the fix."""
     for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_async, _check_tree,
                   _check_mcts, _check_agents, _check_loss, _check_optim_and_run, _check_reward_model_task,
-                  _check_reward_models):
+                  check_code, _check_reward_models):
         check(cfg)
 
 

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from grpokit.config.code_checks import CODE_REWARDS  # grpokit.rewards.code: run in the sandbox
+from grpokit.config.sections import RewardConfig
 from grpokit.rewards.answers import answers_match, extract_answer, extract_boxed
 from grpokit.rewards.calls import (
     RewardError,
@@ -48,6 +50,7 @@ from grpokit.rewards.calls import (
     need,
     run_async_batches,
 )
+from grpokit.rewards.code import code_rewards, runner_for
 from grpokit.rewards.outcome_rm import load_reward_model
 from grpokit.rewards.shaping import overlong_reward, steps_reward
 from grpokit.rewards.steps import token_char_ends  # noqa: F401  (part of this module's API)
@@ -140,7 +143,6 @@ REWARDS: dict[str, Callable] = {
 }
 
 
-CODE_REWARDS = ("code_tests", "code_all", "code_format")   # grpokit.rewards.code: run in the sandbox
 
 
 def correctness(per_func: dict[str, torch.Tensor], prompts: list, completions: list,
@@ -197,9 +199,6 @@ def get_reward_function(name: str, *, rm: Any = None, policy_device: Any = None)
     if name in REWARDS:
         return REWARDS[name]
     if name in CODE_REWARDS:   # a pool of its own, sized by RewardConfig's defaults
-        from grpokit.config.schema import RewardConfig
-        from grpokit.rewards.code import code_rewards, runner_for
-
         return code_rewards(runner_for(RewardConfig()))[name]
     if name.startswith("rm:"):  # a learned reward model folder
         return load_reward_model(name[3:], rm, policy_device=policy_device)
@@ -228,9 +227,7 @@ def build_reward_funcs(cfg: Any,
     rewards share one sandbox pool sized by reward.sandbox* (grpokit.rewards.code)."""
     code: dict[str, Callable] = {}
     if set(cfg.reward.funcs) & set(CODE_REWARDS):
-        from grpokit.rewards.code import code_rewards, runner_for  # the sandbox, only for code rewards
-
-        code = code_rewards(runner_for(cfg.reward))
+        code = code_rewards(runner_for(cfg.reward))          # one sandbox pool for all of them
     funcs = [(name, code.get(name) or get_reward_function(name, rm=cfg.rm, policy_device=policy_device),
               float(w)) for name, w in cfg.reward.funcs.items()]
     if cfg.reward.overlong_buffer > 0 and "overlong" not in cfg.reward.funcs:

@@ -7,9 +7,10 @@ Built-in tasks (`task.name`): ``arithmetic`` (generated offline from `task.seed`
 ``math500``, ``jsonl`` (any file with `task.prompt_column` and `task.answer_column`) and ``hf``
 (TRL-format data read with `datasets`, taken as it is: `grpokit.tasks.hf`), and ``environment`` (no
 data: `task.num_train` / `task.num_eval` empty prompts that `rollout.environment`'s reset() fills, as
-TRL's trainer does without a dataset). The modules: `base` (the
-`Example` record and the task errors), `arithmetic` (the generator), `files` (GSM8K, MATH-500 and jsonl
-readers) and `hf`.
+TRL's trainer does without a dataset); the code tasks ``functions`` (built-in, generated), ``humaneval``,
+``mbpp`` and ``code`` (`grpokit.tasks.code`: graded by running the program in a sandbox). The modules:
+`base` (the `Example` record and the task errors), `arithmetic` (the generator), `files` (GSM8K, MATH-500
+and jsonl readers), `code` and `functions`, and `hf`.
 
 Prompting is the same for every task. The question is followed by an instruction when
 `task.format` is ``r1`` (think inside ``<think> </think>``, then box the answer) or when
@@ -28,7 +29,9 @@ from typing import Any
 from grpokit.config.schema import TaskConfig
 from grpokit.tasks.arithmetic import arithmetic_problems, calculator_trace
 from grpokit.tasks.base import Example, Problem, TaskError
+from grpokit.tasks.code import code_problems, humaneval_problems, mbpp_problems
 from grpokit.tasks.files import LOADERS
+from grpokit.tasks.functions import function_problems
 from grpokit.tasks.hf import hf_examples
 
 BOXED_INSTRUCTION = "Put the final answer in \\boxed{}."
@@ -43,19 +46,32 @@ __all__ = ["Example", "TaskError", "load_examples", "prompt_text", "BOXED_INSTRU
 def _arithmetic(task: TaskConfig, split: str) -> tuple[Problem, ...]:
     train, held_out = arithmetic_problems(task.digits, task.terms, task.operators, task.num_train,
                                           task.num_eval, task.seed)
+    return tuple(_held_out(task, split, train, held_out))
+
+
+def _held_out(task: TaskConfig, split: str, train: Sequence[Problem], held_out: Sequence[Problem],
+              ) -> Sequence[Problem]:
+    """A generated task's split by name: train, or held out (task.eval_split or a held-out name)."""
     if split == task.train_split or (split == "train" and split != task.eval_split):
         return train
     if split == task.eval_split or split in _HELD_OUT_NAMES:
         return held_out
-    raise TaskError(f"task arithmetic has the splits '{task.train_split}' (task.train_split) and "
+    raise TaskError(f"task {task.name} has the splits '{task.train_split}' (task.train_split) and "
                     f"'{task.eval_split}' (task.eval_split), got '{split}'")
 
 
 def _problems(task: TaskConfig, split: str) -> Sequence[Problem]:
     if task.name == "arithmetic":
         return _arithmetic(task, split)
+    if task.name == "functions":
+        return _held_out(task, split, *function_problems(task.num_train, task.num_eval, task.seed))
+    if task.name == "humaneval":
+        return humaneval_problems(split)
+    if task.name in ("mbpp", "code"):
+        return (mbpp_problems if task.name == "mbpp" else code_problems)(task, split)
     if task.name not in LOADERS:
-        raise TaskError(f"unknown task '{task.name}': use arithmetic, {', '.join(LOADERS)}")
+        raise TaskError(f"unknown task '{task.name}': use arithmetic, functions, humaneval, mbpp, code, "
+                    f"{', '.join(LOADERS)}")
     return LOADERS[task.name](task, split)
 
 

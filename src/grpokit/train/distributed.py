@@ -4,8 +4,7 @@
 
 Both launchers set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `Distributed.from_env`
 reads them and opens the process group (NCCL when the ranks compute on GPUs, gloo on CPU). Without them
-(world size W = 1) every method returns its input and no collective runs: the single-process path is
-unchanged.
+(world size W = 1) every method returns its input and no collective runs: the one-process path as is.
 
 How one step of B prompts x G completions is split over W ranks:
 
@@ -127,16 +126,14 @@ class Distributed:
         return float(self.world_size)
 
     def check(self, prompts_per_step: int, algorithm: str = "grpo") -> None:
-        """Raise a one-line error when the B prompts of a step cannot be split evenly over the ranks, or the
-        run needs one process (PPO: its policy and critic passes do not go through the DDP / FSDP wrappers,
-        so N ranks would train N unsynchronised replicas)."""
+        """A one-line error when the B prompts cannot be split evenly over the ranks, or for PPO on several
+        (its passes skip the DDP / FSDP wrappers: N ranks would train N unsynchronised replicas)."""
         if prompts_per_step % self.world_size:
             raise ConfigError(f"rollout.prompts_per_step ({prompts_per_step}) must be divisible by the "
                               f"number of ranks ({self.world_size}): each rank takes whole groups")
         if algorithm == "ppo" and self.enabled:
             raise ConfigError(f"loss.algorithm=ppo runs in one process, not {self.world_size} ranks (its "
-                              "critic is not synchronised): launch it without torchrun or use "
-                              "loss.algorithm=grpo")
+                              "critic is not synchronised): launch it without torchrun or use grpo")
 
     def seed(self, seed: int) -> None:
         """Give rank r > 0 its own sampling stream (rank 0 keeps the one-process stream)."""

@@ -28,9 +28,11 @@ import torch
 from grpokit import switch
 from grpokit.config.schema import GRPOConfig
 from grpokit.observe.agent_metrics import per_trajectory, trajectory_means
+from grpokit.rewards.code import code_format
 from grpokit.rewards.scoring import (
     REWARDS,
     build_reward_funcs,
+    correctness,
     reward_kwargs,
     score_responses,
     token_char_ends,
@@ -79,12 +81,14 @@ def _score(cfg: GRPOConfig, tokenizer, rollout, examples: Sequence, group_size: 
     extra = {k: v for k, v in extra.items() if k not in columns}  # a column wins (task_format is one)
     scores = score_responses(funcs, rollout.prompts, rollout.completions, columns,
                              reward_errors=cfg.reward.reward_errors, **extra)
-    # a TRL dataset needs no answer column
-    correct = REWARDS["accuracy"](rollout.prompts, rollout.completions, **columns) \
-        if "answer" in columns else [math.nan] * len(rollout.completions)
-    formatted = REWARDS["format"](rollout.prompts, rollout.completions, **columns)
+    # a TRL dataset needs no answer column; a code task is right when every test passes
+    correct = correctness(scores.per_func, rollout.prompts, rollout.completions, columns)
+    if correct is None:
+        correct = torch.full((len(rollout.completions),), math.nan)
+    fmt = code_format if "tests" in columns else REWARDS["format"]
+    formatted = fmt(rollout.prompts, rollout.completions, **columns)
     return {**{f"rewards/{k}": v for k, v in scores.per_func.items()},
-            "reward": scores.total, "correct": torch.tensor(correct, dtype=torch.float32),
+            "reward": scores.total, "correct": correct.float(),
             "format": torch.tensor(formatted, dtype=torch.float32),
             "length": rollout.completion_mask.sum(-1).float().cpu(),
             "truncated": rollout.truncated.float().cpu(), **per_trajectory(rollout)}

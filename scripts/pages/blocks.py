@@ -1,0 +1,24 @@
+"""Every generated block of README.md and docs/*.md, page module by page module "
+"(scripts/pages/__init__.py)."""
+
+from . import (
+    agents,
+    asynchronous,
+    experiments,
+    memory,
+    performance,
+    precision,
+    race,
+    readme,
+    real_model,
+    reliability,
+    reward_models,
+    search,
+    vllm,
+)
+
+PAGES = (
+    readme, experiments, reward_models, memory, performance, precision, race, real_model, search,
+    asynchronous, agents, vllm, reliability,
+)
+BLOCKS = [block for page in PAGES for block in page.BLOCKS]
