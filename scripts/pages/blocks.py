@@ -4,6 +4,7 @@
 from . import (
     agents,
     asynchronous,
+    code,
     experiments,
     memory,
     performance,
@@ -19,6 +20,6 @@ from . import (
 
 PAGES = (
     readme, experiments, reward_models, memory, performance, precision, race, real_model, search,
-    asynchronous, agents, vllm, reliability,
+    asynchronous, agents, vllm, reliability, code,
 )
 BLOCKS = [block for page in PAGES for block in page.BLOCKS]
