@@ -10,7 +10,7 @@ import statistics
 from grpokit.observe.demo import format_before_after
 
 from . import agents, asynchronous, experiments, performance, race, reliability, reward_models, search
-from .raw import newest_group, rows
+from .raw import RESULTS, newest_group, rows
 from .render import Block, Column, Table, Text, headline_row
 
 
@@ -117,8 +117,24 @@ def _which(found: list[dict]) -> str:
     return f" (the newest seeds: {new['date']}, commit {new['commit']}, {threads_text(new['threads'])})"
 
 
+def _provenance() -> dict:
+    """How many raw files record the commit they were measured at, and how many a dirty tree's."""
+    files = [f for f in RESULTS.rglob("*") if f.is_file() and f.suffix in (".json", ".jsonl", ".md", ".txt")]
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    return {"files": len(files), "with_commit": sum('"commit"' in t for t in texts),
+            "dirty": sum("+dirty" in t for t in texts)}
+
+
+PROVENANCE = Block("README.md", "provenance", (Text(
+    "Each row is measured by the command in its doc page; the figures come from the raw files named, under "
+    "benchmarks/results/, on a 2-core CPU machine (the machine of each run is in its file or its page). "
+    "{with_commit} of those {files} files record the commit they were measured at; the others (the "
+    "reward-model and experiment files among them) do not: for those, the commit that added the file is "
+    "all git can say. {dirty} were measured on a tree with uncommitted changes (`+dirty` in the row).",
+    _provenance, wrap=105),))
+
 BLOCKS = [
-    DEMO_OUTPUT, Block("README.md", "headline", (HEADLINE,), context={"docs": "docs/"}),
+    PROVENANCE, DEMO_OUTPUT, Block("README.md", "headline", (HEADLINE,), context={"docs": "docs/"}),
     Block("docs/index.md", "headline", (HEADLINE,), context={"docs": ""}),
     Block("docs/demo.md", "demo-seeds", (DEMO_SEEDS,)),
 ]
