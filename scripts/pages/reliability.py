@@ -86,11 +86,14 @@ def headline() -> list[dict]:
     g, t, both = by["grpokit"], by["trl"], by["both"]
     return [
         headline_row(
-            "TRL conformance: the behaviours TRL's own GRPOTrainer tests check, on grpokit.trl and on TRL",
+            "TRL conformance: grpokit's own suite of the behaviours TRL's GRPOTrainer tests check (not TRL's "
+            "test file; the common check: a final loss row and moved weights, no number compared with TRL), "
+            "on grpokit.trl and on TRL",
             "{passed} of {ran} pass on grpokit.trl (TRL: {trl_passed}, {trl_skipped} skipped), agents "
-            "included; {both} skipped on both, each with its reason", "coming from TRL", "coming_from_trl.md",
+            "included; {both} are empty placeholders skipped on both ({why}: the vlm ones are a feature "
+            "grpokit lacks, it refuses images)", "coming from TRL", "coming_from_trl.md",
             "conformance_runs.jsonl", **g, ran=g["passed"] + g["failed"], trl_passed=t["passed"],
-            trl_skipped=t["skipped"], both=both["skipped"],
+            trl_skipped=t["skipped"], both=both["skipped"], why=_skips(both["skip_reasons"]),
         )
     ]
 
