@@ -41,7 +41,7 @@ from grpokit.model.lora import effective_linear
 from grpokit.model.precision import autocast_for, compute_dtype
 from grpokit.rollout.cached_engine import CachedEngine
 from grpokit.rollout.decode_linear import DecodeLinear, fused
-from grpokit.rollout.sampling import pick_tokens
+from grpokit.rollout.sampling import pick_tokens, rows_to_keep
 from grpokit.rollout.tree import TreeSpec, tree_decode
 from grpokit.rollout.turns import TurnDriver, decode_turns
 
@@ -348,9 +348,8 @@ def _decode(engine, N: int, max_new_tokens: int, temperature: float, top_p: floa
             n_done = int(finished.sum())
             if n_done == finished.numel():
                 break
-            # A dead row costs a row of compute per step; dropping rows costs one cache copy. Drop in batches.
-            if n_done * 8 >= finished.numel():
-                keep = (~finished).nonzero().squeeze(-1)
+            keep = rows_to_keep(finished)          # dropped in batches: a cache copy each time
+            if keep is not None:
                 rows = keep if rows is None else rows[keep]
                 engine.keep_rows(keep, t)
                 tok, finished = tok[keep], finished[keep]

@@ -60,3 +60,16 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
     cdf = probs.cumsum(-1)                                                # [n, V]
     u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+# A finished row costs a row of compute per decode step; dropping rows costs one KV-cache copy: the decode
+# loops (grpokit.rollout.sampler, .turns, .tree) drop them in batches, once this share of rows is done.
+COMPACT_EVERY = 8
+
+
+def rows_to_keep(finished: torch.Tensor) -> torch.Tensor | None:
+    """[live] indices of the rows not finished, when at least 1 in COMPACT_EVERY of `finished` [rows] is
+    (then worth a cache copy); None otherwise."""
+    if int(finished.sum()) * COMPACT_EVERY < finished.numel():
+        return None
+    return (~finished).nonzero().squeeze(-1)

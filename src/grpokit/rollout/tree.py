@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpokit.rollout.sampling import pick_tokens
+from grpokit.rollout.sampling import pick_tokens, rows_to_keep
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,8 @@ def tree_decode(engine, N: int, spec: TreeSpec, max_new_tokens: int, temperature
         n_done = int(finished.sum())
         if n_done == finished.numel():
             break
-        if n_done * 8 >= finished.numel():       # as the flat loop: drop finished rows in batches
-            keep = (~finished).nonzero().squeeze(-1)
+        keep = rows_to_keep(finished)             # as the flat loop: drop finished rows in batches
+        if keep is not None:
             first, tok, finished = first[keep], tok[keep], finished[keep]
             engine.keep_rows(keep, t)
         logits = engine.step(tok, t)

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from grpokit.rollout.sampling import pick_tokens
+from grpokit.rollout.sampling import pick_tokens, rows_to_keep
 from grpokit.rollout.trajectory import Trajectory
 
 
@@ -101,9 +101,8 @@ def decode_turns(engine, driver: TurnDriver, row0: int, N: int, max_new_tokens: 
         n_done = int(ended[live].sum())
         if n_done == live.numel():
             break
-        # as in the single-turn loop: a dead row costs a row per step, dropping rows one cache copy
-        if n_done * 8 >= live.numel():
-            keep = (~ended[live]).nonzero().squeeze(-1)
+        keep = rows_to_keep(ended[live])           # as in the single-turn loop
+        if keep is not None:
             live = live[keep]
             engine.keep_rows(keep, t)
             tok = tok[keep]
