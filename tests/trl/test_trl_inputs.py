@@ -87,7 +87,7 @@ def test_no_train_dataset_is_named_as_such(tiny_model, char_tokenizer, tmp_path)
             reward_funcs=digits,
             args=args(tmp_path, max_steps=-1),
         )
-    assert one_line(err).startswith("train_dataset is required")
+    assert one_line(err).startswith("`train_dataset` is required")
 
 
 def test_one_reward_tokenizer_for_two_reward_models_is_refused(char_tokenizer):
@@ -163,3 +163,47 @@ def test_sequence_level_ratio_with_a_token_summed_loss_warns(tiny_model, char_to
             args=args(tmp_path, importance_sampling_level="sequence", loss_type="dapo"),
         )
     assert "completion length" in caplog.text and "loss.loss_type=grpo" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["lm_head", "prompt_learning"])
+def test_peft_configs_grpokit_cannot_train_are_refused_in_trls_words(tiny_model, char_tokenizer, tmp_path,
+                                                                     kind):
+    """An adapter on lm_head would never train (the log-probs read lm_head.weight), and a prompt-learning
+    config's virtual tokens shift the completion's positions: both refused, TRL's phrase contained."""
+    peft = pytest.importorskip("peft")
+    from grpokit.trl import GRPOTrainer
+
+    if kind == "lm_head":
+        config, phrase = peft.LoraConfig(r=4, target_modules=["q_proj", "lm_head"]), "`lm_head`"
+    else:
+        config = peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)
+        phrase = "prompt-learning"
+    with pytest.raises(ConfigError) as err:
+        GRPOTrainer(model=tiny_model, processing_class=char_tokenizer, reward_funcs=digits,
+                    args=args(tmp_path), train_dataset=rows(), peft_config=config)
+    assert phrase in one_line(err) and "\n" not in str(err.value)
+
+
+def test_trls_phrases_are_in_grpokits_messages(caplog):
+    """Words TRL's tests and users' scripts match on, inside grpokit's own sentences."""
+    from grpokit.config.schema import build_config
+    from grpokit.config.validation import objective_warnings
+    from grpokit.rewards.scoring import score_responses
+    from grpokit.trl.agents import check_data
+
+    cfg = build_config({"loss.importance_sampling_level": "sequence", "loss.loss_type": "dapo"})
+    assert any("weights each sequence by its completion length" in w for w in objective_warnings(cfg))
+    with caplog.at_level(logging.WARNING, logger="grpokit"):
+        score_responses([("none", lambda prompts, completions, **kw: [None] * len(completions), 1.0)],
+                        ["p", "q"], ["a", "b"], {})
+    assert "All reward functions returned None for the following kwargs:" in caplog.text
+    with pytest.raises(ConfigError, match="requires a `train_dataset`"):
+        check_data(None, {"a": object, "b": object}, 10)
+    from grpokit.agents.environments import EnvironmentPool
+
+    class Env:
+        def reset(self, **row):
+            return None
+
+    with pytest.raises(ConfigError, match="not among the environments"):
+        EnvironmentPool({"a": Env}, seed=0).take(["b"])

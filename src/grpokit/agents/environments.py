@@ -85,8 +85,9 @@ class EnvironmentPool:
         """One instance per row (rows naming the same environment get its instances in order)."""
         unknown = sorted({str(n) for n in names if n not in self.factories})
         if unknown:
-            raise ConfigError(f"rows name environment {', '.join(unknown)}, not one of "
-                              f"{', '.join(map(str, self.factories))}: fix the 'environment' column")
+            raise ConfigError(f"rows name environment {', '.join(unknown)}, which is not among the "
+                              f"environments passed ({', '.join(map(str, self.factories))}): fix the "
+                              "'environment' column")
         cursor: dict[str | None, int] = {}
         out = []
         for name in names:

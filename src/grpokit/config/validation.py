@@ -377,9 +377,9 @@ def objective_warnings(cfg: ConfigTree) -> list[str]:
     lo, out = cfg.loss, []
     if lo.importance_sampling_level == "sequence" and lo.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
         out.append(f"loss.importance_sampling_level=sequence with loss.loss_type={lo.loss_type}: the loss "
-                   "sums token terms, so each completion's sequence ratio counts once per token (weighted "
-                   "by its completion length), not GSPO's per-sequence objective: use loss.loss_type=grpo "
-                   "for GSPO")
+                   "sums token terms, so each completion's sequence ratio counts once per token, which "
+                   "weights each sequence by its completion length, not GSPO's per-sequence objective: use "
+                   "loss.loss_type=grpo for GSPO")
     if lo.loss_type == "luspo" and lo.importance_sampling_level != "sequence":
         out.append("loss.loss_type=luspo is a sequence-level objective: set "
                    "loss.importance_sampling_level=sequence, as in the LUSPO paper")

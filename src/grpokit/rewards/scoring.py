@@ -265,9 +265,9 @@ class RewardBatch:
 
 
 def _warn_unscored(i: int, prompts: list, completions: list, count: int) -> None:
-    log.warning("All reward functions returned None for %d completion(s) of this batch, e.g. completion %d "
-                "(prompt %.80r, completion %.80r): it is left out of its group; make at least one reward "
-                "function return a number", count, i, prompts[i], completions[i])
+    log.warning("All reward functions returned None for the following kwargs: prompt=%.80r, completion=%.80r "
+                "(completion %d, one of %d such in this batch): it is left out of its group; make at least "
+                "one reward function return a number", prompts[i], completions[i], i, count)
 
 
 def score_responses(reward_funcs: Sequence[tuple[str, Callable, float]], prompts: list, completions: list,

@@ -84,8 +84,8 @@ def check_data(data: Any, environment_factory: Any, max_steps: Any) -> None:
     if data is not None or environment_factory is None:
         return
     if isinstance(environment_factory, dict):
-        raise ConfigError("a dict environment_factory routes rows by their 'environment' column: give a "
-                          "train_dataset with it, or pass one environment factory")
+        raise ConfigError("a dict environment_factory (several environments) requires a `train_dataset` "
+                          "with an 'environment' column to route each row: give one, or pass one factory")
     if not max_steps or max_steps <= 0:
         raise ConfigError("without a train_dataset the environment owns the data: set "
                           "GRPOConfig(max_steps=...) to say how long to train")

@@ -161,9 +161,17 @@ def wrap_peft(model: torch.nn.Module, peft_config: Any) -> torch.nn.Module:
         import peft
     except ImportError:
         raise ConfigError("peft_config needs peft: pip install 'grpokit[peft]'") from None
+    if getattr(peft_config, "is_prompt_learning", False):
+        raise ConfigError(f"peft_config is a prompt-learning config ({type(peft_config).__name__}): its "
+                          "virtual tokens shift the positions grpokit reads the completion's log-probs "
+                          "at: use a LoraConfig")
     if getattr(model, "is_gradient_checkpointing", False):
         model.enable_input_require_grads()   # else checkpointed blocks of frozen weights pass no gradient on
     wrapped = peft.get_peft_model(model, peft_config)
+    if isinstance(wrapped.get_output_embeddings(), peft.tuners.tuners_utils.BaseTunerLayer):
+        raise ConfigError("Applying a PEFT adapter to `lm_head` is not supported: grpokit computes the "
+                          "log-probs from `lm_head.weight` directly (grpokit.model.logprobs), so the adapter "
+                          "would never train: remove 'lm_head' from the LoraConfig's target_modules")
     wrapped.train()
     return wrapped
 

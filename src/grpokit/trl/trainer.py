@@ -102,9 +102,9 @@ class GRPOTrainer:
             raise ConfigError("optimizers=(...) is not supported: grpokit builds AdamW and its schedule from "
                               "the config (learning_rate, lr_scheduler_type, optim); leave optimizers unset")
         if train_dataset is None and environment_factory is None:
-            raise ConfigError("train_dataset is required: give a datasets.Dataset, an IterableDataset or "
-                              "a list of dicts with a 'prompt' column (only an environment_factory may go "
-                              "without)")
+            raise ConfigError("`train_dataset` is required unless an `environment_factory` is provided: "
+                              "give a datasets.Dataset, an IterableDataset or a list of dicts with a "
+                              "'prompt' column")
         name = model if isinstance(model, str) else model_name(model)
         self.args = args if args is not None else GRPOConfig(output_dir=f"{Path(name).name}-GRPO")
         refuse_images(train_dataset, processing_class)
