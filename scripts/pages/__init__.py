@@ -3,6 +3,8 @@
     readme.py       README.md's demo output and headline table (docs/index.md's too), docs/demo.md's seeds
     experiments.py  experiments.md: the sweeps' tables and the chapter's claims, each verdict computed
     reward_models.py, memory.py, performance.py, precision.py, vllm.py, agents.py, search.py: their pages
+    gains.py        performance.md's speed-up gains, natural lengths and prompt cache
+    code.py         code.md: the hostile programs and the sandbox pool's throughput
     asynchronous.py async.md        race.py, real_model.py: real_model.md (SmolLM2)
     reliability.py  reliability.md's soak, coming_from_trl.md's conformance counts and field tables,
                     configuration.md's config reference

@@ -6,6 +6,7 @@ from . import (
     asynchronous,
     code,
     experiments,
+    gains,
     memory,
     performance,
     precision,
@@ -19,7 +20,7 @@ from . import (
 )
 
 PAGES = (
-    readme, experiments, reward_models, memory, performance, precision, race, real_model, search,
+    readme, experiments, reward_models, memory, performance, gains, precision, race, real_model, search,
     asynchronous, agents, vllm, reliability, code,
 )
 BLOCKS = [block for page in PAGES for block in page.BLOCKS]
