@@ -97,6 +97,9 @@ class Context:
     reason: str
 
 
+# Pages whose snippets run programs in the sandbox: skipped, with the reason, where bubblewrap is missing.
+NEEDS_BWRAP = ("docs/sandbox.md", "docs/code.md")
+
 CONTEXT: list[Context] = [
     Context("README.md", "tools=[multiply]",
             "from trl.rewards import accuracy_reward\n"
@@ -177,6 +180,11 @@ PARSE_ONLY = {
 # (regex on the command, reason): commands that do not run here. Checked before SIZE.
 SKIPS: list[tuple[str, str]] = [
     (r"&$", "two processes at once"),
+    (r"^(sudo )?(apt-get|apt|dnf)\b", "installs a system package"),
+    (r"^grpokit sandbox-serve\b", "a server that runs until stopped (tests/sandbox/test_remote.py serves "
+                                  "one, docs/sandbox.md's Python block too)"),
+    (r"reward\.sandbox_url=", "needs a `grpokit sandbox-serve` on another machine (tests/rewards/"
+                              "test_code_rewards.py trains through one on loopback)"),
     (r"^(pip|python -m pip)\b", "installs or removes packages (the network, this environment)"),
     (r"^(python -m venv|\.|source)\s", "creates or activates a virtual environment"),
     (r"^(huggingface-cli|hf)\s+download\b", "downloads a model from the Hub (network)"),

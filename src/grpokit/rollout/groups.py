@@ -42,7 +42,7 @@ class Rollout:
     completion_mask: torch.Tensor     # [N, T] long, attention: 1 up to and including the first EOS (one
                                       # turn) / the last token of the trajectory (several turns)
     group_ids: torch.Tensor           # [N] long, index of the prompt (0..B-1) each row answers
-    completions: list[str]            # N decoded completions (special tokens skipped)
+    completions: list[Any]            # N decoded texts (special tokens skipped); chat multi-turn: messages
     prompts: list[Any]                # N prompts (text or chat messages), each repeated G times
     truncated: torch.Tensor           # [N] bool, no EOS within max_new_tokens
     group_size: int                   # G
