@@ -300,3 +300,23 @@ def test_serve_token_compare_and_redaction():
     assert authorized(None, "")                                    # no token: loopback only, anything goes
     assert resolve_token(None, {"GRPOKIT_SERVE_TOKEN": " t "}) == "t" and resolve_token("x", {}) == "x"
     assert "abc" not in redacted("abc") and redacted("") == "none"
+
+
+def test_the_client_waits_for_the_server_then_says_what_to_do(tmp_path, char_tokenizer, tiny_model):
+    """rollout.vllm_server_timeout_s (TRL's vllm_server_timeout): /health polled until the server answers."""
+    import time
+
+    state = _state(tmp_path, char_tokenizer, tiny_model, **{"rollout.vllm_mode": "server"})
+    server = make_server(_engine(state), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        client = ServerEngine(url)
+        assert client.wait_ready(5) is client
+    finally:
+        server.shutdown()
+        server.server_close()
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="within 1.5 s .rollout.vllm_server_timeout_s."):
+        ServerEngine(url).wait_ready(1.5)
+    assert 1.4 <= time.monotonic() - start < 10

@@ -188,3 +188,19 @@ def test_fsdp_with_vllm_is_refused_at_config_time():
             build_config({"run.fsdp": True, "rollout.backend": "vllm", "rollout.vllm_mode": mode,
                                     "model.dtype": "float32"})
     build_config({"run.fsdp": True, "rollout.backend": "fast"})
+
+
+def test_the_process_group_waits_run_ddp_timeout_s(monkeypatch):
+    """TRL's ddp_timeout -> run.ddp_timeout_s -> init_process_group(timeout=...)."""
+    import datetime
+
+    import torch.distributed as tdist
+
+    seen = {}
+    monkeypatch.setattr(tdist, "is_initialized", lambda: False)
+    monkeypatch.setattr(tdist, "init_process_group", lambda backend, **kw: seen.update(kw))
+    monkeypatch.setattr(tdist, "get_rank", lambda: 0)
+    monkeypatch.setattr(tdist, "get_world_size", lambda: 2)
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    d = Distributed.from_env(env=env, device="cpu", timeout_s=60)
+    assert seen["timeout"] == datetime.timedelta(seconds=60) and d.world_size == 2

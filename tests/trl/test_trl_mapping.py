@@ -132,3 +132,54 @@ def test_docs_table_is_generated_from_the_fields():
     assert mapping_table() in text, "run: python scripts/update_trl_docs.py"
     for name in FIELDS:
         assert f"| `{name}` |" in text, name
+
+
+def test_fields_mapped_in_this_wave_reach_grpokit():
+    """issue 56 item 5: gradient_checkpointing_kwargs, ddp_timeout, full_determinism, vllm_server_timeout."""
+    kw = {"use_reentrant": False}
+    t = translate(GRPOConfig(gradient_checkpointing=True, gradient_checkpointing_kwargs=kw, ddp_timeout=60,
+                             full_determinism=True, vllm_server_timeout=5.0), num_prompts=64)
+    o = t.overrides
+    assert o["model.gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert (o["run.ddp_timeout_s"], o["run.full_determinism"]) == (60, True)
+    assert o["rollout.vllm_server_timeout_s"] == 5.0
+    assert translate(GRPOConfig(), num_prompts=64).overrides["model.gradient_checkpointing_kwargs"] == {}
+    cfg = build_config(o)
+    assert cfg.model.gradient_checkpointing_kwargs == {"use_reentrant": False}
+
+
+def test_gradient_checkpointing_kwargs_reach_the_model(monkeypatch):
+    import transformers
+
+    from grpokit.config.sections import ModelConfig
+    from grpokit.model.loading import load_model_and_tokenizer
+
+    seen = []
+    real = transformers.PreTrainedModel.gradient_checkpointing_enable
+
+    def enable(self, gradient_checkpointing_kwargs=None):
+        seen.append(gradient_checkpointing_kwargs)
+        return real(self, gradient_checkpointing_kwargs)
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "gradient_checkpointing_enable", enable)
+    load_model_and_tokenizer(ModelConfig(name_or_path="builtin:tiny-random", device="cpu",
+                                         gradient_checkpointing=True,
+                                         gradient_checkpointing_kwargs={"use_reentrant": False}))
+    assert seen == [{"use_reentrant": False}]
+
+
+def test_full_determinism_turns_on_deterministic_algorithms(monkeypatch):
+    import torch
+
+    from grpokit.train.preflight import enable_full_determinism
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        enable_full_determinism()
+        assert torch.are_deterministic_algorithms_enabled()
+        import os
+
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(before)

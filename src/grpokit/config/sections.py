@@ -71,6 +71,8 @@ class ModelConfig:
     trust_remote_code: bool = _f(False, "run the modeling code shipped in the model folder (transformers' "
                                  "trust_remote_code); only for folders you trust")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward (less memory)")
+    gradient_checkpointing_kwargs: dict = _f({}, "keywords of gradient_checkpointing_enable, e.g. "
+                                             "{use_reentrant: false}")
     cast_lm_head_to_fp32: bool = _f(False, "16-bit weights: keep the lm-head (and its logits) in float32, "
                                     "for "
                                     "precise log-probs (TRL's cast_lm_head_to_fp32)")
@@ -158,6 +160,8 @@ class RolloutConfig:
     vllm_gpu_memory_utilization: float = _f(0.3, "backend=vllm colocate: share of GPU memory vLLM may take")
     vllm_server_base_url: str = _f("http://127.0.0.1:8000",
                                    "backend=vllm server: where `grpokit vllm-serve` listens")
+    vllm_server_timeout_s: float = _f(240.0, "backend=vllm server: seconds to wait for the server to answer "
+                                      "/health at the start")
     vllm_kv_cache_gib: float = _f(0.0, "backend=vllm colocate: KV-cache budget in GiB; 0 = from "
                                   "vllm_gpu_memory_utilization on GPU, 1 GiB on CPU (vLLM's own CPU default "
                                   "takes most of the RAM)")
@@ -338,6 +342,9 @@ class RunConfig:
     track_prompts: bool = _f(False, "per-prompt reward history")
     max_bad_steps: int = _f(3, "stop after this many non-finite updates in a row")
     progress: bool = _f(True, "show a progress bar")
+    ddp_timeout_s: int = _f(1800, "with several ranks: seconds a collective may wait before the run fails")
+    full_determinism: bool = _f(False, "torch.use_deterministic_algorithms(True) (and cuBLAS's workspace "
+                                "setting on CUDA): deterministic kernels or an error naming the op")
     fsdp: bool = _f(False, "with several ranks (torchrun): shard weights, gradients and optimizer state "
                     "with PyTorch FSDP2 instead of replicating them (DDP)")
     iterations: int = _f(0, "Algorithm 1: I outer iterations, each: reference <- policy, M policy steps, "

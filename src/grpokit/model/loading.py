@@ -217,7 +217,8 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0):
     if wants_quantization(cfg):   # frozen quantized base, float32 norms and embeddings
         model = prepare_quantized(model, cfg)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or None)
         model.config.use_cache = False
     if cfg.lora_r > 0:  # adapters only; the reference becomes this model with adapters disabled
         model = wrap_lora(model, cfg)

@@ -36,6 +36,7 @@ import json
 import logging
 import re
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -120,6 +121,27 @@ class ServerEngine:
             raise ConnectionError(f"vLLM server {self.base_url} did not answer {path} ({e}): start it with "
                                   "`grpokit vllm-serve --model PATH` or fix "
                                   "rollout.vllm_server_base_url") from None
+
+    def wait_ready(self, seconds: float) -> ServerEngine:
+        """Poll GET /health until the server answers (rollout.vllm_server_timeout_s, TRL's
+        vllm_server_timeout: a server started beside the trainer may still be loading); itself."""
+        deadline = time.monotonic() + seconds
+        while True:
+            request = urllib.request.Request(self.base_url + "/health", headers=auth_headers(self.token))
+            try:
+                with urllib.request.urlopen(request, timeout=max(1.0, min(10.0, seconds))):
+                    return self
+            except urllib.error.HTTPError as e:
+                if e.code == 401:
+                    said = f"the token is missing or wrong; set {TOKEN_ENV} to the server's --token"
+                    raise PermissionError(f"vLLM server {self.base_url} refused /health: {said}") from None
+            except OSError:
+                pass
+            if time.monotonic() >= deadline:
+                raise ConnectionError(f"vLLM server {self.base_url} did not answer /health within "
+                                      f"{seconds:g} s (rollout.vllm_server_timeout_s): start it with "
+                                      "`grpokit vllm-serve --model PATH` or fix rollout.vllm_server_base_url")
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], spec: SamplingSpec,
                  max_tokens: Sequence[int] | None = None) -> list[list[Sample]]:
@@ -268,8 +290,8 @@ def build_rollouts(state: Any) -> VLLMRollouts:
     """The configured engine: a colocated vLLM started from the current policy, or the server client."""
     r, m = state.cfg.rollout, state.cfg.model
     if r.vllm_mode == "server":
-        return VLLMRollouts(ServerEngine(r.vllm_server_base_url), colocate=False,
-                            push_weights=state.dist.is_main)
+        return VLLMRollouts(ServerEngine(r.vllm_server_base_url).wait_ready(r.vllm_server_timeout_s),
+                            colocate=False, push_weights=state.dist.is_main)
     require_vllm()
     with tempfile.TemporaryDirectory(prefix="grpokit-vllm-") as folder:   # vLLM starts from a plain HF folder
         save_plain_folder(state.model, state.tokenizer, Path(folder))

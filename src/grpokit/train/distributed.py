@@ -89,11 +89,11 @@ class Distributed:
 
     @classmethod
     def from_env(cls, fsdp: bool = False, env: dict[str, str] | None = None,
-                 device: str = "auto") -> "Distributed":
+                 device: str = "auto", timeout_s: float = 1800) -> "Distributed":
         """Read the launcher's environment and open the process group when WORLD_SIZE > 1.
 
-        device: model.device. The backend follows the device the ranks compute on (NCCL for CUDA, gloo
-        otherwise, `grpokit.model.devices`); on CUDA each rank's current device is cuda:LOCAL_RANK.
+        device: model.device, whose kind picks the backend (NCCL for CUDA, gloo otherwise); on CUDA each
+        rank's current device is cuda:LOCAL_RANK. timeout_s: run.ddp_timeout_s.
         """
         env = dict(os.environ if env is None else env)
         rank, local, world = launcher_ranks(env)
@@ -106,7 +106,7 @@ class Distributed:
         opened = not tdist.is_initialized()
         if opened:
             tdist.init_process_group(backend, rank=rank, world_size=world,
-                                     timeout=datetime.timedelta(minutes=30))
+                                     timeout=datetime.timedelta(seconds=timeout_s))
         log.info("distributed: rank %d of %d computes on %s, backend %s", rank, world, where, backend)
         return cls(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local,
                    backend=backend, fsdp=fsdp, owns_group=opened)

@@ -37,7 +37,7 @@ from grpokit.train.export import save_final
 from grpokit.train.guard import RunGuard
 from grpokit.train.iterative import RewardLoop
 from grpokit.train.ppo import build_critic
-from grpokit.train.preflight import check_environment, check_prompts
+from grpokit.train.preflight import check_environment, check_prompts, enable_full_determinism
 from grpokit.train.state import TrainState, make_optimizer
 from grpokit.train.step import step_function
 
@@ -64,7 +64,7 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     rollout.environment (no tools: single-turn sampling); its environments' get_reward() join the rewards.
     """
     if dist is None:  # torchrun / accelerate launch: N ranks; else a no-op
-        dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device)
+        dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device, timeout_s=cfg.run.ddp_timeout_s)
     dist.check(cfg.rollout.prompts_per_step, cfg.loss.algorithm)
     torch.manual_seed(cfg.run.seed)
     if model is None:
@@ -126,7 +126,9 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     resolve_report_to(cfg.run.report_to)  # a missing tracker package fails now, not after loading the model
     check_environment(cfg)                 # the device and optional packages too (grpokit.train.preflight)
     # several ranks: only rank 0 writes, evaluates and saves
-    dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device)
+    dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device, timeout_s=cfg.run.ddp_timeout_s)
+    if cfg.run.full_determinism:          # TRL's full_determinism: deterministic kernels, or an error
+        enable_full_determinism()
     if not dist.is_main:
         log.setLevel(logging.WARNING)
     # rank 0 locks run.output_dir and checks it (deleting nothing); SIGINT / SIGTERM end the run cleanly

@@ -12,6 +12,9 @@ rollout.truncate_prompt=error, none is too long.
 from __future__ import annotations
 
 import importlib.util
+import os
+
+import torch
 
 from grpokit.config.schema import ConfigError, GRPOConfig
 from grpokit.model.devices import resolve_device
@@ -85,3 +88,11 @@ def check_prompts(cfg: GRPOConfig, tokenizer, train: list, evals: list) -> None:
         raise PromptTooLongError(f"{len(long)} of {len(train)} training prompts have more than "
                                  f"rollout.max_prompt_length={limit} tokens (longest {max(long)}): raise the "
                                  "limit or set rollout.truncate_prompt=left")
+
+
+def enable_full_determinism() -> None:
+    """run.full_determinism (TRL's full_determinism): every op a deterministic kernel, or a RuntimeError
+    naming the op that has none. On CUDA, cuBLAS needs a fixed workspace for that
+    (CUBLAS_WORKSPACE_CONFIG, read when CUDA starts: set here unless the user set it)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)

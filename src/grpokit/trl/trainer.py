@@ -181,7 +181,8 @@ class GRPOTrainer:
             if is_quantized(model) and not is_peft_model(model):   # loaded 4-bit / 8-bit by the user
                 model = prepare_quantized(model, cfg.model)
             if cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-                model.gradient_checkpointing_enable()
+                model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs=cfg.model.gradient_checkpointing_kwargs or None)
                 model.config.use_cache = False
         if processing_class is not None:
             tokenizer = processing_class

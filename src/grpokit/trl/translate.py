@@ -40,6 +40,8 @@ COPY = {"learning_rate": "optim.learning_rate", "weight_decay": "optim.weight_de
         "top_entropy_quantile": "loss.top_entropy_quantile",
         "off_policy_mask_threshold": "loss.off_policy_mask_threshold",
         "max_tool_calling_iterations": "rollout.max_tool_calling_iterations",
+        "ddp_timeout": "run.ddp_timeout_s", "full_determinism": "run.full_determinism",
+        "vllm_server_timeout": "rollout.vllm_server_timeout_s",
         **{name: f"loss.{name}" for name in (
             "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
             "vespo_lambda_neg", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
@@ -235,6 +237,8 @@ def _model_and_run(v: dict[str, Any], t: Translation) -> None:
     ckpt = v["activation_checkpointing"]
     ckpt = v["gradient_checkpointing"] if ckpt is None else ckpt
     _put(t, "model.gradient_checkpointing", bool(ckpt), "gradient_checkpointing", "activation_checkpointing")
+    _put(t, "model.gradient_checkpointing_kwargs", dict(v["gradient_checkpointing_kwargs"] or {}),
+         "gradient_checkpointing_kwargs")
     if v["use_cpu"]:
         _put(t, "model.device", "cpu", "use_cpu")
     if v["fsdp"] not in (None, "", [], False):
