@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     logging.basicConfig(level=logging.INFO, format="grpokit: %(message)s")
-    for noisy in ("httpx", "urllib3", "transformers"):
+    for noisy in ("httpx", "urllib3", "transformers", "matplotlib"):   # matplotlib: its font-cache note
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # bitsandbytes (when installed) tries a hub kernel for its CPU 4-bit matmul at import and logs that it
     # cannot load it offline; grpokit never uses that kernel (grpokit.model.quantized turns it off)
