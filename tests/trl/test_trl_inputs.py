@@ -125,6 +125,11 @@ def test_push_to_hub_is_refused_and_train_returns_transformers_train_output(
     for key in ("train_loss", "train_runtime", "train_samples_per_second", "train_steps_per_second"):
         assert key in last and key in out.metrics
     assert out.training_loss == pytest.approx(sum(r["loss"] for r in steps) / 2)
+    # total_flos as transformers estimates it: 6 x non-embedding parameters x the tokens trained on
+    tokens = trainer.state.num_input_tokens_seen
+    assert tokens > 0 and out.metrics["total_flos"] == pytest.approx(
+        6 * tiny_model.num_parameters(exclude_embeddings=True) * tokens)
+    assert trainer.state.total_flos == out.metrics["total_flos"]
 
 
 def test_generation_options_sample_through_generate_and_stay_out_of_the_saved_model(

@@ -104,6 +104,7 @@ class TRLHooks(TrainHooks):
                  table_size: int = 8, completions_per_step: int = 8) -> None:
         super().__init__(cfg, callbacks, args=args)
         self.loss_type, self.beta = cfg.loss.loss_type, cfg.loss.beta
+        self.num_iterations = cfg.loss.num_iterations
         self.logging_steps, self.logging_first_step = logging_steps, logging_first_step
         self.eval_steps, self.eval_on_start, self.evaluate_fn = eval_steps, eval_on_start, evaluate
         self.eval_delay = eval_delay
@@ -180,6 +181,16 @@ class TRLHooks(TrainHooks):
             self._saved = None
         return bool(self.control.should_training_stop)
 
+    def _total_flos(self, model: Any) -> float:
+        """transformers' estimate (`floating_point_ops`): 6 x non-embedding parameters x tokens trained on
+        (the prompt and completion tokens of every step, once per loss.num_iterations pass)."""
+        count = getattr(model, "num_parameters", None)
+        params = (count(exclude_embeddings=True) if callable(count)
+                  else sum(p.numel() for p in model.parameters()))
+        flos = 6.0 * params * self.state.num_input_tokens_seen * self.num_iterations
+        self.state.total_flos = flos
+        return flos
+
     def train_end(self, train_state: Any) -> None:
         """transformers' last row (runtime, throughput, train_loss, the steps since the last row), then
         on_train_end."""
@@ -192,7 +203,8 @@ class TRLHooks(TrainHooks):
         metrics = {"train_runtime": round(runtime, 4),
                    "train_samples_per_second": round(steps * self.completions_per_step / max(runtime, 1e-9),
                                                      3),
-                   "train_steps_per_second": round(steps / max(runtime, 1e-9), 3), "total_flos": 0.0,
+                   "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
+                   "total_flos": self._total_flos(train_state.model),
                    "train_loss": sum(finite) / len(finite) if finite else math.nan}
         self.train_metrics = {**metrics, **leftover}
         self.log(self.train_metrics)
