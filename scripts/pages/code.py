@@ -7,7 +7,7 @@ import statistics
 from collections import Counter
 
 from .raw import rows
-from .render import Block, Column, Table, Text
+from .render import Block, Column, Table, Text, headline_row
 
 PAGE = "docs/code.md"
 HOSTILE, TRAIN, SPEED = "sandbox_hostile.jsonl", "sandbox_hostile_train.jsonl", "sandbox_throughput.jsonl"
@@ -102,4 +102,67 @@ INTRO = Text(
     figures=lambda: {"n": len([r for r in _newest(HOSTILE) if r["mode"] == "bwrap"])}, wrap=105,
 )
 
-BLOCKS = [Block(PAGE, "code-hostile", (INTRO, MODES)), Block(PAGE, "code-throughput", (SPEED_TABLE,))]
+HOUR = "code_smollm2_hour"            # the GRPO hour's eval.jsonl and metrics.jsonl rows
+HUMANEVAL = "code_smollm2_humaneval.jsonl"
+
+
+def _hour() -> dict:
+    evals = {r["tag"]: r for r in rows(f"{HOUR}_eval.jsonl")}
+    steps = [r for r in rows(f"{HOUR}_metrics.jsonl") if "time/step" in r]
+    he = {r["side"]: r for r in rows(HUMANEVAL)}
+    reward = sum(r["time/reward"] for r in steps) / sum(r["time/step"] for r in steps)
+    info = rows(f"{HOUR}_run.jsonl")[0]
+    return {"before": evals["before"], "after": evals["after"], "steps": len(steps), "he": he,
+            "minutes": sum(r["time/step"] for r in steps) / 60, "reward_share": reward, **info}
+
+
+def _smollm2_rows() -> list[dict]:
+    h = _hour()
+    return [{"what": f"built-in functions, held out ({int(h['before']['num_problems'])} never trained on), "
+                     "greedy, all hidden tests pass", "before": h["before"]["accuracy"],
+             "after": h["after"]["accuracy"], "tests": h["after"]["rewards/code_tests"],
+             "tests0": h["before"]["rewards/code_tests"]},
+            {"what": f"HumanEval ({int(h['he']['before']['num_problems'])} problems), greedy pass@1",
+             "before": h["he"]["before"]["accuracy"], "after": h["he"]["after"]["accuracy"],
+             "tests": h["he"]["after"]["rewards/code_tests"],
+             "tests0": h["he"]["before"]["rewards/code_tests"]}]
+
+
+SMOLLM2 = Table(
+    rows=_smollm2_rows,
+    columns=(Column("evaluation", "{what}"), Column("before", "{before:percent}"),
+             Column("after", "{after:percent}"), Column("tests passed, before -> after",
+                                                       "{tests0:percent} -> {tests:percent}")),
+    note="`{command}` ({machine}, {threads} thread, commit {commit}, {date}): {steps} steps in "
+         "{minutes:.0f} training minutes (evaluations off the clock), the other core running other work; "
+         "the reward phase (programs in the sandbox) took {reward_share:percent} of the step time. "
+         "Held out: {b_right} -> {a_right} of {n} functions. HumanEval: `{he_command}` (before: the base "
+         "model, commit {hb_commit}, {hb_threads} thread; after: commit {ha_commit}, {ha_threads} "
+         "threads). Raw rows: "
+         "`benchmarks/results/code_smollm2_hour_*.jsonl`, `benchmarks/results/code_smollm2_humaneval.jsonl`.",
+    figures=lambda _: _smollm2_figures(),
+)
+
+
+def _smollm2_figures() -> dict:
+    h = _hour()
+    n = int(h["before"]["num_problems"])
+    return {**h, "he_command": h["he"]["after"]["command"], "n": n,
+            "b_right": round(h["before"]["accuracy"] * n), "a_right": round(h["after"]["accuracy"] * n),
+            "hb_commit": h["he"]["before"]["commit"], "hb_threads": h["he"]["before"]["threads"],
+            "ha_commit": h["he"]["after"]["commit"], "ha_threads": h["he"]["after"]["threads"]}
+
+
+def headline() -> list[dict]:
+    h = _hour()
+    return [headline_row(
+        "code: SmolLM2-135M-Instruct, the built-in code task (programs run in the bubblewrap sandbox), "
+        "{minutes:.0f} min of GRPO on one core, seed 0",
+        "held-out functions {b:percent} -> {a:percent} (all hidden tests); HumanEval greedy {hb:percent} -> "
+        "{ha:percent}; 42 hostile programs: nothing changed, leaked or left behind", "code", "code.md",
+        "code_smollm2_*, sandbox_hostile*.jsonl", minutes=h["minutes"], b=h["before"]["accuracy"],
+        a=h["after"]["accuracy"], hb=h["he"]["before"]["accuracy"], ha=h["he"]["after"]["accuracy"])]
+
+
+BLOCKS = [Block(PAGE, "code-hostile", (INTRO, MODES)), Block(PAGE, "code-throughput", (SPEED_TABLE,)),
+          Block(PAGE, "code-smollm2", (SMOLLM2,))]

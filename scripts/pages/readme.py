@@ -9,7 +9,7 @@ import statistics
 
 from grpokit.observe.demo import format_before_after
 
-from . import agents, asynchronous, experiments, performance, race, reliability, reward_models, search
+from . import agents, asynchronous, code, experiments, performance, race, reliability, reward_models, search
 from .raw import RESULTS, newest_group, rows
 from .render import Block, Column, Table, Text, headline_row
 
@@ -75,8 +75,9 @@ FAULTS = headline_row(
     "reliability", "reliability.md",
 )
 HEADLINE_ROWS = (
-    demo_row, race.headline, performance.headline, agents.headline, search.headline, asynchronous.headline,
-    reward_models.headline, experiments.headline, reliability.headline, lambda: [FAULTS],
+    demo_row, race.headline, performance.headline, agents.headline, code.headline, search.headline,
+    asynchronous.headline, reward_models.headline, experiments.headline, reliability.headline,
+    lambda: [FAULTS],
 )
 HEADLINE = Table(
     rows=lambda: [r for make in HEADLINE_ROWS for r in make()],
