@@ -173,3 +173,22 @@ def test_a_learned_reward_gets_the_reward_vs_verified_figure(tmp_path):
     assert any("rm" in label for label in labels) and any("verified" in label for label in labels)
     assert LEARNED_VS_VERIFIED.eval_key == "accuracy"
     assert "reward_vs_verified.png" in {p.name for p in plot_run(run)}
+
+
+def test_code_rewards_get_the_sandbox_figure(tmp_path):
+    from grpokit.observe.plots import figures
+
+    run = fake_run(tmp_path / "code_run")
+    assert "code" not in figures(load_runs([run]))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for i, r in enumerate(rows):
+        r.update({"code/passed": float(i), "code/failed": 2.0, "code/timeout": 1.0, "code/crash": 0.0,
+                  "code/memory": 0.0, "code/output_too_large": 0.0, "code/no_program": 1.0,
+                  "code/wall_s": 0.5, "code/sandbox_s": 0.9})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figs = figures(load_runs([run]))
+    outcomes, times = figs["code"].axes[:2]
+    assert [t.get_text() for t in outcomes.get_legend().get_texts()] == [
+        "passed", "failed", "timeout", "crash", "memory", "output too large", "no program"]
+    assert len(times.get_legend().get_texts()) == 2
+    assert "code.png" in {p.name for p in plot_run(run)}

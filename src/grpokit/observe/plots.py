@@ -286,6 +286,16 @@ LEARNED_VS_VERIFIED = Panel("Learned reward vs verified accuracy", "mean RM rewa
                             eval_key="accuracy")
 
 
+# Code rewards (grpokit.rewards.code): what the programs did in the sandbox, and the time it took.
+CODE_PANELS = [
+    Panel("Sandbox outcomes", "completions per step", [
+        ("code/passed", "passed"), ("code/failed", "failed"), ("code/timeout", "timeout"),
+        ("code/crash", "crash"), ("code/memory", "memory"), ("code/output_too_large", "output too large"),
+        ("code/no_program", "no program")]),
+    Panel("Sandbox time", "seconds per step", [("code/wall_s", "the reward phase's wait"),
+                                               ("code/sandbox_s", "in the sandbox, summed over programs")])]
+
+
 def figures(runs: list[Run], smooth: float = DEFAULT_SMOOTH, target: float | None = None) -> dict[str, Any]:
     """{name: matplotlib Figure} for the given runs (no files, no pyplot state); `target`: the accuracy
     line of the time-to-accuracy figure (drawn when a run has held-out evaluations)."""
@@ -302,6 +312,11 @@ def figures(runs: list[Run], smooth: float = DEFAULT_SMOOTH, target: float | Non
         fig.suptitle(f"Learned reward vs verified accuracy (smoothing {smooth:g})", fontsize=12)
         draw_panel(ax, LEARNED_VS_VERIFIED, runs, smooth)
         out["reward_vs_verified"] = fig
+    if any(k.startswith("code/") for r in runs for k in r.keys()):   # code rewards: the sandbox's figure
+        fig, axes = new_figure(len(CODE_PANELS), "Code rewards: the sandbox", runs, smooth)
+        for ax, panel in zip(axes, CODE_PANELS):
+            draw_panel(ax, panel, runs, smooth)
+        out["code"] = fig
     if any(r.evals for r in runs):
         out["time_to_accuracy"] = accuracy_time_figure(runs, target, COLORS)
     return out
