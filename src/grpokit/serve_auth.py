@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import os
 from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler
 from typing import BinaryIO
 
 TOKEN_ENV = "GRPOKIT_SERVE_TOKEN"
 REFUSED = {"error": "missing or wrong token: send Authorization: Bearer <the server's --token>"}   # the 401
 
 __all__ = ["REFUSED", "TOKEN_ENV", "auth_headers", "authorized", "drain", "is_loopback", "redacted",
-           "require_token", "resolve_token"]
+           "require_token", "resolve_token", "JSONHandler"]
 
 
 def is_loopback(host: str) -> bool:
@@ -84,3 +86,15 @@ def drain(stream: BinaryIO, size: int) -> None:
         if not piece:
             return
         size -= len(piece)
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """The request handler base of grpokit's servers: `_reply` answers a JSON body with its length."""
+
+    def _reply(self, payload: object, code: int = 200) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)

@@ -39,12 +39,21 @@ import json
 import logging
 import threading
 from dataclasses import asdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from safetensors.torch import load
 
 from grpokit.rollout.vllm_engine import GenerationEngine, SamplingSpec, VLLMEngine, VLLMError
-from grpokit.serve_auth import REFUSED, TOKEN_ENV, authorized, drain, redacted, require_token, resolve_token
+from grpokit.serve_auth import (
+    REFUSED,
+    TOKEN_ENV,
+    JSONHandler,
+    authorized,
+    drain,
+    redacted,
+    require_token,
+    resolve_token,
+)
 
 log = logging.getLogger("grpokit")
 
@@ -60,15 +69,7 @@ def make_server(engine: GenerationEngine, host: str = "127.0.0.1", port: int = 8
     lock = threading.Lock()   # engines are not re-entrant
     staged: dict = {}         # tensors of a decoder layer whose last tensor has not arrived yet
 
-    class Handler(BaseHTTPRequestHandler):
-        def _reply(self, payload: object, code: int = 200) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(JSONHandler):
         def _refused(self) -> bool:
             """Answer 401 (the body read and dropped, so the client gets the answer) unless authorized."""
             if authorized(self.headers.get("Authorization"), token):

@@ -26,13 +26,14 @@ import urllib.error
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from grpokit.sandbox.limits import Limits, Result, SandboxUnavailable
 from grpokit.sandbox.pool import SandboxPool
 from grpokit.serve_auth import (
     REFUSED,
     TOKEN_ENV,
+    JSONHandler,
     auth_headers,
     authorized,
     drain,
@@ -85,15 +86,7 @@ def make_server(host: str = "127.0.0.1", port: int = 8130, token: str = "", *, w
     pool = SandboxPool(workers=workers, limits=limits, mode=mode)
     health = {"ok": True, "mode": mode, "workers": workers, "limits": asdict(limits)}
 
-    class Handler(BaseHTTPRequestHandler):
-        def _reply(self, payload: object, code: int = 200) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(JSONHandler):
         def _body_or_refuse(self) -> bytes | None:
             """The request body, or None once 401 / 413 has been answered (the connection then closed)."""
             size = int(self.headers.get("Content-Length") or 0)
