@@ -110,8 +110,8 @@ def test_bad_batch_and_unknown_names_are_one_line_errors():
         translate(GRPOConfig(per_device_train_batch_size=6), num_prompts=64)
     with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
         GRPOConfig(learnin_rate=1e-6)
-    with pytest.raises(ConfigError, match="steps_per_generation=4 is not supported"):
-        translate(GRPOConfig(steps_per_generation=4), num_prompts=64)
+    with pytest.raises(ConfigError, match="steps_per_generation=3 is not supported"):
+        translate(GRPOConfig(steps_per_generation=3, gradient_accumulation_steps=2), num_prompts=64)
     with pytest.raises(ConfigError, match="max_steps must be set"):
         translate(GRPOConfig(), num_prompts=None)
 

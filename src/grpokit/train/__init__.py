@@ -5,6 +5,7 @@
     loop         [H] train_grpo: build the state, evaluate, step, log, checkpoint, save the final model
     state        TrainState and the optimizer
     collect      [A] + [B] for one step, with DAPO's dynamic sampling
+    generations  rollout.steps_per_generation: one generation batch, k steps on its slices, its checkpoint
     mcts_rollouts  rollout.mcts: a tree search per prompt samples its group (value, budget, metrics)
     async_rollouts  rollout.async: the worker's schedule (bounded staleness), restarts, checkpoint state
     ppo          the PPO baseline's step (value model, critic update); its math is in grpokit.core.ppo

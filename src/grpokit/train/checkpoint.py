@@ -13,6 +13,8 @@ Layout of run.output_dir (see docs/reliability.md):
                                iteration counter, replay pool (grpokit.train.iterative)
         async_rollouts.pt      rollout.async only: the batches sampled ahead, the worker's RNG
                                (grpokit.train.async_rollouts)
+        generation.pt          rollout.steps_per_generation > 1, saved between two slices only: the
+                               generation batch the next steps train on (grpokit.train.generations)
         manifest.json          size and sha256 of every file above; written last
     latest                     name of the newest complete checkpoint; rewritten last
 
@@ -45,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpokit.train.generations import save_generation
 from grpokit.train.resume_logs import METRICS_FILE
 from grpokit.train.run_dir import OutputDirError, fsync_path, list_checkpoints
 
@@ -153,6 +156,8 @@ def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None
         state.reward_loop.save(tmp)
     if getattr(state, "async_rollouts", None) is not None:  # rollout.async: the batches sampled ahead
         state.async_rollouts.save(tmp)
+    if getattr(state, "generation", None) is not None:  # rollout.steps_per_generation: its slices left
+        save_generation(state.generation, tmp)
     paths = sorted(p for p in tmp.rglob("*") if p.is_file())
     files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in paths}
     (tmp / MANIFEST).write_text(json.dumps({"format": 1, "step": state.step, "files": files}, indent=2))

@@ -1,8 +1,8 @@
 """[A] + [B] for one step: the prompts sampled into groups and scored, with DAPO's dynamic sampling.
 
-`collect_batch` takes this rank's B prompts from the stream, samples G completions each
-(`grpokit.rollout.groups.sample_groups`, the vLLM engine, or rollout.mcts's tree searches:
-`grpokit.train.mcts_rollouts`) and scores them (`grpokit.rewards.scoring`); with
+`collect_batch` takes this rank's B prompts (k x B with rollout.steps_per_generation = k) from the
+stream, samples G completions each (`grpokit.rollout.groups.sample_groups`, the vLLM engine, or
+rollout.mcts's tree searches: `grpokit.train.mcts_rollouts`) and scores them (`grpokit.rewards.scoring`); with
 rollout.dynamic_sampling, groups whose rewards are all equal are dropped and new prompts sampled.
 GRPO's `train_step` and PPO's `ppo_train_step` both start here.
 """
@@ -74,9 +74,9 @@ def score_batch(state: TrainState, examples: list, rollout, env_extra: dict[str,
 
 
 def collect_batch(state: TrainState, timer: PhaseTimer):
-    """Prompts for one step, sampled and scored, the rollout on the policy's device (a vLLM server's,
-    an async thread's or a rollout_func's tensors are built on the CPU): (rollout, scores, correct,
-    info)."""
+    """Prompts for one generation (one step's, or rollout.steps_per_generation steps'), sampled and scored,
+    the rollout on the policy's device (a vLLM server's, an async thread's or a rollout_func's tensors are
+    built on the CPU): (rollout, scores, correct, info)."""
     rollout, scores, correct, info = _sampled_and_scored(state, timer)
     return rollout.to(model_device(state.model)), scores, correct, info
 
@@ -85,7 +85,9 @@ def _sampled_and_scored(state: TrainState, timer: PhaseTimer):
     """With dynamic sampling (DAPO), groups whose rewards are all equal are dropped and new prompts
     sampled, at most `max_resample_rounds` extra rounds."""
     cfg = state.cfg
-    B, G = cfg.rollout.prompts_per_step // state.dist.world_size, cfg.rollout.num_generations  # this rank's B
+    # this rank's prompts: B, or k * B when one generation feeds k steps (rollout.steps_per_generation)
+    B = cfg.rollout.prompts_per_step * cfg.rollout.steps_per_generation // state.dist.world_size
+    G = cfg.rollout.num_generations
     if state.async_rollouts is not None:   # rollout.async: the worker sampled it, up to K versions ago
         with timer("generate"):            # the wait for the batch (async/wait_s: the same)
             rollout, examples, info = state.async_rollouts.next(state)

@@ -34,6 +34,7 @@ from grpokit.train.data import PromptStream
 from grpokit.train.distributed import Distributed
 from grpokit.train.evaluate import evaluate
 from grpokit.train.export import save_final
+from grpokit.train.generations import check_ranks
 from grpokit.train.guard import RunGuard
 from grpokit.train.iterative import RewardLoop
 from grpokit.train.ppo import build_critic
@@ -66,6 +67,7 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     if dist is None:  # torchrun / accelerate launch: N ranks; else a no-op
         dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device, timeout_s=cfg.run.ddp_timeout_s)
     dist.check(cfg.rollout.prompts_per_step, cfg.loss.algorithm)
+    check_ranks(cfg, dist.world_size)                        # steps_per_generation: checkpoints on ranks
     torch.manual_seed(cfg.run.seed)
     if model is None:
         model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.run.seed)
@@ -88,10 +90,12 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     train = train_examples if train_examples is not None else load_examples(cfg.task, cfg.task.train_split)
     evals = eval_examples if eval_examples is not None else (
         load_examples(cfg.task, cfg.task.eval_split) if cfg.run.eval_limit != 0 else [])
-    if len(train) < cfg.rollout.prompts_per_step:
+    k = cfg.rollout.steps_per_generation                     # a generation takes k * B prompts
+    if len(train) < cfg.rollout.prompts_per_step * k:
         raise TaskError(f"the training split has {len(train)} examples, fewer than one batch "
-                        f"(rollout.prompts_per_step={cfg.rollout.prompts_per_step}): add data or lower "
-                        "rollout.prompts_per_step")
+                        f"(rollout.prompts_per_step={cfg.rollout.prompts_per_step}"
+                        f"{f' x rollout.steps_per_generation={k}' if k > 1 else ''}): add data or lower "
+                        f"rollout.prompts_per_step{' or rollout.steps_per_generation' if k > 1 else ''}")
     critic = None
     if cfg.loss.algorithm == "ppo":  # the comparison baseline: a value model initialised from the policy
         critic = build_critic(model, cfg)

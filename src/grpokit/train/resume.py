@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from grpokit.model.devices import model_device
 from grpokit.train.checkpoint import (
     MANIFEST,
     STATE_FILE,
@@ -30,6 +31,7 @@ from grpokit.train.checkpoint import (
     set_rng_state,
     sha256_file,
 )
+from grpokit.train.generations import load_generation
 from grpokit.train.resume_logs import METRICS_FILE, cut_logs
 from grpokit.train.run_dir import list_checkpoints
 
@@ -145,6 +147,8 @@ def load_trainer_state(state, folder: Path, *, optimizer: bool = True) -> dict[s
         state.reward_loop.load(folder)
     if getattr(state, "async_rollouts", None) is not None:   # the batches the worker had sampled ahead
         state.async_rollouts.load(folder, state.stream)
+    if hasattr(state, "generation"):   # rollout.steps_per_generation: the slices left of the generation
+        state.generation = load_generation(folder, model_device(state.model))
     if getattr(state, "agent", None) is not None:   # the environments' random states, this rank's
         state.agent.set_rng_state(mine["env"] if mine is not None and "env" in mine else blob.get("env_rng"))
     return blob

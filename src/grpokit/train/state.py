@@ -58,6 +58,9 @@ class TrainState:
     # the one switch's buffers kept between steps (grpokit.switch.accelerated: the activation record's
     # gate/up buffers, reused instead of touching fresh memory each step); never checkpointed
     speedup_buffers: dict = field(default_factory=dict)
+    # rollout.steps_per_generation > 1: the generation batch whose slices the next steps train
+    # (grpokit.train.generations.Generation; None: the next step samples); checkpointed
+    generation: Any = None
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:

@@ -1,6 +1,8 @@
 """[G] One GRPO step: `train_step` (DeepSeekMath, Shao et al. 2024, section 4.1 and Algorithm 1's inner loop).
 
-Every step, with fresh generations from the current policy:
+Every step, with fresh generations from the current policy (rollout.steps_per_generation = k > 1: steps 1-4
+once every k steps on k times the prompts, then each step trains its own slice of B groups in step 5,
+grpokit.train.generations):
 
     1. [A] sample   : G completions per prompt                          sample_groups
     2. [B] score    : r_i = sum_k w_k * reward_k(prompt, completion_i)  score_responses
@@ -11,8 +13,8 @@ Every step, with fresh generations from the current policy:
     6. log          : the step's metrics (written by the loop, grpokit.train.loop)
 
 Choices, all from the config: the loss variants live in core/loss.py and core/advantages.py as named
-switches; this file only wires the phases together, each inside a named timer. Steps 1-2 are
-`collect_batch` (collect.py); step 5 is `policy_update` (update.py), and the weights move in
+switches; this file only wires the phases together, each inside a named timer. Steps 1-4 are `generate`
+(steps 1-2: `collect_batch`, collect.py); step 5 is `policy_update` (update.py), and the weights move in
 `update.optimizer_step` (clip, `optimizer.step()`, schedule step); the state a step reads and writes is
 `TrainState` (state.py). The loop picks the step once (`step_function`): this GRPO step, or the PPO
 baseline's `grpokit.train.ppo.ppo_train_step`. The optional CPU speed-ups are on for a step's passes
@@ -42,6 +44,7 @@ from grpokit.rollout.groups import Rollout
 from grpokit.rollout.tree import TreeSpec, decoded_tokens
 from grpokit.train.collect import collect_batch
 from grpokit.train.distributed import Distributed
+from grpokit.train.generations import Batch, Generation, take_slice
 from grpokit.train.mcts_rollouts import mcts_stats
 from grpokit.train.ppo import ppo_train_step
 from grpokit.train.state import TrainState
@@ -80,7 +83,9 @@ def compute_advantages(cfg: GRPOConfig, rollout: Rollout, rewards: torch.Tensor,
 
 
 def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None) -> dict[str, float]:
-    """[G] One GRPO step on fresh generations; returns this step's metrics.
+    """[G] One GRPO step; returns this step's metrics. On fresh generations, or with
+    rollout.steps_per_generation = k > 1 on the next slice of the generation batch sampled at most k - 1
+    steps ago (grpokit.train.generations: slices, pi_old, resume).
 
     tracker: an optional `grpokit.observe.tracking.Tracker` (completions log, per-prompt history).
     """
@@ -89,71 +94,99 @@ def train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=None)
         raise ValueError("loss.algorithm=ppo: run grpokit.train.ppo.ppo_train_step on this state "
                          "(train_grpo picks it: step_function)")
     timer = timer or PhaseTimer(cuda=next(state.model.parameters()).is_cuda)
+    k = cfg.rollout.steps_per_generation
     # Every optional CPU speed-up (decode kernels, activation reuse: grpokit.switch) is on for this
-    # step's passes only; outside this block, and with it left out, the step is plain PyTorch.
+    # step's passes only; outside this block, and with it left out, the step is plain PyTorch. k > 1:
+    # no activation record (it holds the sampling weights' projections, stale after the first slice).
     with switch.accelerated(state.model, cfg, world_size=state.dist.world_size, timer=timer,
-                            buffers=state.speedup_buffers) as speedups:
-        rollout, scores, correct, info = collect_batch(state, timer)
-        # the tokens the policy sampled (multi-turn: tool / environment tokens are attended, not trained)
-        loss_mask = rollout.loss_mask.float()
-        if lo.mask_truncated_completions:
-            loss_mask = loss_mask * (~rollout.truncated).float()[:, None]  # no EOS: no loss
-        # the update's micro-batch plan: reuse the sampler's record? decided once, here,
-        # so a record that won't pay is freed before the passes
-        with timer("update"):
-            speedups.decide_reuse(state, rollout, micro_batch_plan)
-        ref_lp = old_lp = None
-        if state.ref_model is not None:
-            with timer("ref_forward"):
-                ref_lp = forward_logprobs(state.ref_model, rollout, cfg,
-                                          state.dist.logprobs_fn(state.ref_model))
-        if lo.num_iterations > 1:
-            with timer("old_forward"):
-                old_lp = forward_logprobs(state.model, rollout, cfg,
-                                          state.dist.logprobs_fn(state.model))  # once per batch
-        rewards = scores.total
-        with timer("advantage"):
-            if lo.kl_in_reward and ref_lp is not None:
-                base = old_lp if old_lp is not None else forward_logprobs(state.model, rollout, cfg,
-                                                                          state.dist.logprobs_fn(state.model))
-                seq_kl = (k3_kl(base, ref_lp) * rollout.loss_mask).sum(-1)  # [N]
-                rewards = rewards - lo.beta * seq_kl.to(rewards.device)
-            if torch.isinf(rewards).any():  # NaN marks a skipped score; inf is a broken reward function
-                raise FloatingPointError("rewards contain inf: check the reward functions")
-            advantages = compute_advantages(cfg, rollout, rewards.cpu(), scores.step_rewards, state.dist,
-                                            per_func=outcome_rewards(state.reward_funcs, scores))
+                            buffers=state.speedup_buffers, record=False if k > 1 else None) as speedups:
+        if state.generation is None:   # [A] [B] [D] [C] on k * B prompts (k = 1: this step's own)
+            state.generation = generate(state, timer, speedups)
+        j = state.generation.slice_index(state.step)
+        batch = take_slice(state.generation, j)
+        if j + 1 >= state.generation.slices:   # its last slice: the next step samples again
+            state.generation = None
         skipped_before = state.skipped_updates
         with timer("update"):
-            if state.dist.all_true(bool(torch.isfinite(advantages).all())):  # every rank updates, or none
-                upd = policy_update(state, rollout, advantages, old_lp=old_lp, ref_lp=ref_lp,
-                                    loss_mask=loss_mask, timer=timer)
+            if state.dist.all_true(bool(torch.isfinite(batch.advantages).all())):  # every rank, or none
+                upd = policy_update(state, batch.rollout, batch.advantages, old_lp=batch.old_lp,
+                                    ref_lp=batch.ref_lp, loss_mask=batch.loss_mask, timer=timer)
             else:  # checked before the update: NaN advantages would poison every weight
                 upd = {"grad_norm": skip_update(state)}
     if state.skipped_updates > skipped_before:
-        _log_bad_batch(state, rollout, "loss or gradient" if "loss" in upd else "advantages")
+        _log_bad_batch(state, batch.rollout, "loss or gradient" if "loss" in upd else "advantages")
     if (lo.ref_model_sync_steps and state.ref_model is not None
             and (state.step + 1) % lo.ref_model_sync_steps == 0):
         state.dist.sync_reference(state.ref_model, state.model, lo.ref_model_mixup_alpha)
     state.step += 1
     with timer("log"):
-        adv_flat = (advantages if advantages.dim() == 1
-                    else (advantages * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1))
-        g = state.dist.gather  # several ranks: per-completion values of all ranks, so figures are global
-        mask, correct_all = g(rollout.completion_mask), None if correct is None else g(correct)
-        metrics = {"step": state.step, **reward_stats(g(scores.total), correct_all, rollout.group_size),
-                   **{f"rewards/{k}": float(torch.nanmean(g(v))) for k, v in scores.per_func.items()},
-                   **{f"rewards/{k}/std": nan_std(g(v)) for k, v in scores.per_func.items()},
-                   **tensor_stats("advantage", g(adv_flat)),
-                   **length_stats(mask, g(rollout.truncated), correct_all),
-                   **upd, **state.dist.reduce_sums({**info, **scores.metrics}),   # code/...: the sandbox
-                   "reward_errors": state.dist.sum(scores.num_errors),
-                   "bad_steps": float(state.bad_steps), "skipped_updates": float(state.skipped_updates),
-                   "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum()),
-                   **trajectory_stats(rollout, g),   # tools / environments only: turns, calls, errors
-                   **tree_stats(cfg, rollout, state.dist),   # tree rollouts only: tokens decoded
-                   **mcts_stats(state)}                       # MCTS rollouts only: tokens, nodes, values
-        if tracker is not None:
-            tracker.observe(state.step, rollout, scores, adv_flat, correct)
+        metrics = _step_metrics(state, batch, upd, first=j == 0, tracker=tracker)
+        if k > 1:   # which slice of its generation this step trained (0: the step that sampled it)
+            metrics["generation/slice"] = float(j)
+    return metrics
+
+
+def generate(state: TrainState, timer: PhaseTimer, speedups) -> Generation:
+    """Steps 1-4 on rollout.steps_per_generation x B prompts: sample, score, the reference's log-probs,
+    pi_old (the sampling policy's log-probs, when mu > 1 or k > 1), advantages on whole groups."""
+    cfg, lo = state.cfg, state.cfg.loss
+    rollout, scores, correct, info = collect_batch(state, timer)
+    # the tokens the policy sampled (multi-turn: tool / environment tokens are attended, not trained)
+    loss_mask = rollout.loss_mask.float()
+    if lo.mask_truncated_completions:
+        loss_mask = loss_mask * (~rollout.truncated).float()[:, None]  # no EOS: no loss
+    # the update's micro-batch plan: reuse the sampler's record? decided once, here,
+    # so a record that won't pay is freed before the passes
+    with timer("update"):
+        speedups.decide_reuse(state, rollout, micro_batch_plan)
+    ref_lp = old_lp = None
+    if state.ref_model is not None:
+        with timer("ref_forward"):
+            ref_lp = forward_logprobs(state.ref_model, rollout, cfg, state.dist.logprobs_fn(state.ref_model))
+    if lo.num_iterations > 1 or cfg.rollout.steps_per_generation > 1:
+        with timer("old_forward"):
+            old_lp = forward_logprobs(state.model, rollout, cfg,
+                                      state.dist.logprobs_fn(state.model))  # once per generation batch
+    rewards = scores.total
+    with timer("advantage"):
+        if lo.kl_in_reward and ref_lp is not None:
+            base = old_lp if old_lp is not None else forward_logprobs(state.model, rollout, cfg,
+                                                                      state.dist.logprobs_fn(state.model))
+            seq_kl = (k3_kl(base, ref_lp) * rollout.loss_mask).sum(-1)  # [N]
+            rewards = rewards - lo.beta * seq_kl.to(rewards.device)
+        if torch.isinf(rewards).any():  # NaN marks a skipped score; inf is a broken reward function
+            raise FloatingPointError("rewards contain inf: check the reward functions")
+        advantages = compute_advantages(cfg, rollout, rewards.cpu(), scores.step_rewards, state.dist,
+                                        per_func=outcome_rewards(state.reward_funcs, scores))
+    batch = Batch(rollout, scores, correct, info, advantages, loss_mask, old_lp, ref_lp)
+    return Generation(batch, first_step=state.step, slices=cfg.rollout.steps_per_generation)
+
+
+def _step_metrics(state: TrainState, batch: Batch, upd: dict[str, float], *, first: bool,
+                  tracker) -> dict[str, float]:
+    """The step's metrics.jsonl row over its batch (all ranks); first: the generation's first slice, which
+    reports the search's figures (MCTS)."""
+    cfg, rollout, scores, correct, advantages = state.cfg, batch.rollout, batch.scores, batch.correct, \
+        batch.advantages
+    loss_mask = batch.loss_mask
+    adv_flat = (advantages if advantages.dim() == 1
+                else (advantages * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1))
+    g = state.dist.gather  # several ranks: per-completion values of all ranks, so figures are global
+    mask, correct_all = g(rollout.completion_mask), None if correct is None else g(correct)
+    metrics = {"step": state.step, **reward_stats(g(scores.total), correct_all, rollout.group_size),
+               **{f"rewards/{k}": float(torch.nanmean(g(v))) for k, v in scores.per_func.items()},
+               **{f"rewards/{k}/std": nan_std(g(v)) for k, v in scores.per_func.items()},
+               **tensor_stats("advantage", g(adv_flat)),
+               **length_stats(mask, g(rollout.truncated), correct_all),
+               **upd, **state.dist.reduce_sums({**batch.info, **scores.metrics}),   # code/...: the sandbox
+               "reward_errors": state.dist.sum(scores.num_errors),
+               "bad_steps": float(state.bad_steps), "skipped_updates": float(state.skipped_updates),
+               "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum()),
+               **trajectory_stats(rollout, g),   # tools / environments only: turns, calls, errors
+               **tree_stats(cfg, rollout, state.dist),   # tree rollouts only: tokens decoded
+               **(mcts_stats(state) if first else {})}   # MCTS rollouts only: tokens, nodes, values
+    if tracker is not None:
+        tracker.observe(state.step, rollout, scores, adv_flat, correct)
     return metrics
 
 

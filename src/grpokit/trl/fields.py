@@ -49,8 +49,7 @@ REASONS = {
     "model": "model loading: grpokit loads a local folder itself; load the model yourself for anything else "
              "and pass the object",
     "supervised": "supervised-training option: GRPO has no labels",
-    "steps": "one optimizer step per generation batch in grpokit: leave generation_batch_size and "
-             "steps_per_generation unset (gradient_accumulation_steps sets the micro-batches)",
+    "steps": "grpokit trains whole optimizer steps on the slices of one generation batch",
 }
 
 _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
@@ -209,10 +208,13 @@ _GRPO = {  # trl.GRPOConfig's own fields
     "shuffle_dataset": Field(True, MAP, "task.shuffle (False: prompts in dataset order)"),
     "pad_to_multiple_of": Field("auto", SAME, "tensor shapes only (TRL pads for Neuron compilation); grpokit "
                                 "pads to the longest row, the masks make the math the same"),
-    "generation_batch_size": Field(None, DERIVED, "must be None or per_device_train_batch_size x ranks x "
-                                   "gradient_accumulation_steps, else refused: " + REASONS["steps"]),
-    "steps_per_generation": Field(None, DERIVED, "must be None or gradient_accumulation_steps, else refused: "
-                                  + REASONS["steps"]),
+    "generation_batch_size": Field(None, DERIVED, "rollout.steps_per_generation = generation_batch_size / "
+                                   "(per_device_train_batch_size x ranks x gradient_accumulation_steps): a "
+                                   "multiple of those completions, else refused (" + REASONS["steps"] + ")"),
+    "steps_per_generation": Field(None, DERIVED, "rollout.steps_per_generation = steps_per_generation / "
+                                  "gradient_accumulation_steps (None: gradient_accumulation_steps, one step "
+                                  "per generation): a multiple of it, else refused ("
+                                  + REASONS["steps"] + ")"),
     "temperature": Field(1.0, MAP, "rollout.temperature"),
     "top_p": Field(1.0, MAP, "rollout.top_p"),
     "top_k": Field(0, MAP, "rollout.top_k (0 or None: all tokens)"),

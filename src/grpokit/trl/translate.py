@@ -21,6 +21,7 @@ from grpokit.config.schema import SECTIONS, ConfigError
 from grpokit.core.loss import LOSS_TYPES
 from grpokit.model.quantized import model_keys_from_bnb
 from grpokit.trl.fields import FIELDS, REASONS, REFUSE
+from grpokit.trl.generation_batch import steps_per_generation
 
 # MAP fields copied as they are: TRL field -> grpokit key.
 COPY = {"learning_rate": "optim.learning_rate", "weight_decay": "optim.weight_decay",
@@ -147,9 +148,6 @@ def _batch(v: dict[str, Any], world_size: int, t: Translation) -> int:
     per_device, accum = v["per_device_train_batch_size"], v["gradient_accumulation_steps"]
     G = v["num_generations"]
     completions = per_device * accum * world_size
-    for name, allowed in (("steps_per_generation", accum), ("generation_batch_size", completions)):
-        if v[name] not in (None, allowed):
-            raise refuse(name, v[name], REASONS["steps"])
     if completions % G:
         raise ConfigError(f"per_device_train_batch_size x gradient_accumulation_steps x ranks = "
                           f"{completions} completions is not a multiple of num_generations={G}: change one")
@@ -158,6 +156,8 @@ def _batch(v: dict[str, Any], world_size: int, t: Translation) -> int:
          "num_generations")
     _put(t, "optim.micro_batch_size", per_device if accum > 1 else 0, "per_device_train_batch_size",
          "gradient_accumulation_steps")
+    _put(t, "rollout.steps_per_generation", steps_per_generation(v, world_size), "steps_per_generation",
+         "generation_batch_size", "gradient_accumulation_steps")
     return B
 
 

@@ -1,0 +1,33 @@
+"""rollout.steps_per_generation (generation reuse, grpokit.train.generations): its range and the modes it
+cannot run with, checked with the rest by `grpokit.config.validation.validate`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpokit.errors import ConfigError
+
+
+def check_generation_reuse(cfg: Any) -> None:
+    """k >= 1; with k > 1 no asynchronous worker, no PPO critic, no dynamic sampling, no forced activation
+    reuse."""
+    r, k = cfg.rollout, cfg.rollout.steps_per_generation
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"rollout.steps_per_generation must be an integer >= 1 (1 = sample every step), "
+                          f"got {k!r}")
+    if k == 1:
+        return
+    refused = {
+        "rollout.async.max_staleness": (r.async_max_staleness is not None,
+                                        "the worker samples one step's batch per policy version"),
+        "loss.algorithm=ppo": (cfg.loss.algorithm == "ppo", "the critic baseline samples every step"),
+        "rollout.dynamic_sampling": (r.dynamic_sampling, "it may keep fewer than k x prompts_per_step "
+                                     "groups, so the k slices would not hold prompts_per_step groups each"),
+        "rollout.reuse_activations=true": (r.reuse_activations is True,
+                                           "the sampler's record holds the sampling weights' activations, "
+                                           "stale after the generation's first step; auto turns it off"),
+    }
+    for key, (on, why) in refused.items():
+        if on:
+            raise ConfigError(f"rollout.steps_per_generation={k} with {key}: not supported ({why}): set "
+                              "rollout.steps_per_generation=1 or drop the other")
