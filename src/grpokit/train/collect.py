@@ -9,6 +9,8 @@ GRPO's `train_step` and PPO's `ppo_train_step` both start here.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import torch
@@ -16,7 +18,7 @@ import torch
 from grpokit.model.devices import model_device
 from grpokit.observe.metrics import PhaseTimer
 from grpokit.rewards.scoring import correctness, reward_kwargs, score_responses, token_char_ends
-from grpokit.rollout.groups import merge_kept_groups, sample_groups
+from grpokit.rollout.groups import Rollout, merge_kept_groups, sample_groups
 from grpokit.rollout.tree import TreeSpec
 from grpokit.rollout.vllm_backend import vllm_agent_sampler, vllm_sample
 from grpokit.train.mcts_rollouts import MctsRollouts
@@ -30,6 +32,13 @@ def _reward_columns(examples: list, group_size: int) -> dict[str, list]:
 
 def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
     """[A] + [B] for one set of prompts: (rollout, reward batch, correctness [N] or None)."""
+    rollout, env_extra = sample_batch(state, examples, timer)
+    scored = score_batch(state, examples, rollout, env_extra, timer)
+    return state.mcts.blank_unrun(*scored) if state.cfg.rollout.mcts_enabled else scored
+
+
+def sample_batch(state: TrainState, examples: list, timer: PhaseTimer) -> tuple[Rollout, dict[str, Any]]:
+    """[A] G completions of each prompt: (rollout, what the sampler hands the rewards: env_extra)."""
     cfg, r = state.cfg, state.cfg.rollout
     prompts = [ex.prompt for ex in examples]
     with timer("generate"), state.dist.unsharded(state.model):
@@ -51,26 +60,30 @@ def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
                                     truncate_prompt=r.truncate_prompt, backend=r.backend,
                                     generation_batch_size=r.generation_batch_size,
                                     chat_template_kwargs=cfg.task.chat_template_kwargs, tree=TreeSpec.of(r))
-    scored = score_batch(state, examples, rollout, env_extra, timer)
-    return state.mcts.blank_unrun(*scored) if r.mcts_enabled else scored
+    return rollout, env_extra
 
 
 def score_batch(state: TrainState, examples: list, rollout, env_extra: dict[str, Any], timer: PhaseTimer):
-    """[B] the rewards of a sampled batch: (rollout, reward batch, correctness [N] or None)."""
+    """[B] the rewards of a sampled batch: (rollout, reward batch, correctness [N] or None). The step
+    waits for all of it: time/reward_wait = time/reward (reward.overlap: `Scoring`)."""
+    with timer("reward_wait"), timer("reward"):
+        return (rollout, *scored(state, examples, rollout, env_extra))
+
+
+def scored(state: TrainState, examples: list, rollout, env_extra: dict[str, Any]):
+    """[B] score_responses over a sampled batch: (reward batch, correctness [N] or None)."""
     cfg, r = state.cfg, state.cfg.rollout
-    with timer("reward"):
-        columns = _reward_columns(examples, r.num_generations)
-        ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
-        extra: dict[str, Any] = dict(completion_ids=ids, **reward_kwargs(cfg), **state.reward_hooks,
-                                     **env_extra)   # environments= (TRL's keyword), rollout_func's fields
-        if any(getattr(fn, "process", False) for _, fn, _ in state.reward_funcs):
-            extra["completion_char_ends"] = [token_char_ends(state.tokenizer, row) for row in ids]
-        scores = score_responses(state.reward_funcs, rollout.prompts, rollout.completions, columns,
-                                 reward_errors=cfg.reward.reward_errors, **extra)
-        if state.reward_loop is not None:  # the RM's next training data, labeled by the verifier
-            state.reward_loop.record(rollout, columns)
-        correct = correctness(scores.per_func, rollout.prompts, rollout.completions, columns)
-    return rollout, scores, correct
+    columns = _reward_columns(examples, r.num_generations)
+    ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
+    extra: dict[str, Any] = dict(completion_ids=ids, **reward_kwargs(cfg), **state.reward_hooks,
+                                 **env_extra)   # environments= (TRL's keyword), rollout_func's fields
+    if any(getattr(fn, "process", False) for _, fn, _ in state.reward_funcs):
+        extra["completion_char_ends"] = [token_char_ends(state.tokenizer, row) for row in ids]
+    scores = score_responses(state.reward_funcs, rollout.prompts, rollout.completions, columns,
+                             reward_errors=cfg.reward.reward_errors, **extra)
+    if state.reward_loop is not None:  # the RM's next training data, labeled by the verifier
+        state.reward_loop.record(rollout, columns)
+    return scores, correctness(scores.per_func, rollout.prompts, rollout.completions, columns)
 
 
 def collect_batch(state: TrainState, timer: PhaseTimer):
@@ -81,13 +94,17 @@ def collect_batch(state: TrainState, timer: PhaseTimer):
     return rollout.to(model_device(state.model)), scores, correct, info
 
 
+def _prompts_here(state: TrainState) -> int:
+    """This rank's prompts: B, or k * B when one generation feeds k steps (rollout.steps_per_generation)."""
+    r = state.cfg.rollout
+    return r.prompts_per_step * r.steps_per_generation // state.dist.world_size
+
+
 def _sampled_and_scored(state: TrainState, timer: PhaseTimer):
     """With dynamic sampling (DAPO), groups whose rewards are all equal are dropped and new prompts
     sampled, at most `max_resample_rounds` extra rounds."""
     cfg = state.cfg
-    # this rank's prompts: B, or k * B when one generation feeds k steps (rollout.steps_per_generation)
-    B = cfg.rollout.prompts_per_step * cfg.rollout.steps_per_generation // state.dist.world_size
-    G = cfg.rollout.num_generations
+    B, G = _prompts_here(state), cfg.rollout.num_generations
     if state.async_rollouts is not None:   # rollout.async: the worker sampled it, up to K versions ago
         with timer("generate"):            # the wait for the batch (async/wait_s: the same)
             rollout, examples, info = state.async_rollouts.next(state)
@@ -112,3 +129,83 @@ def _sampled_and_scored(state: TrainState, timer: PhaseTimer):
     info = {"dynamic/groups_dropped": float(dropped), "dynamic/extra_generations": float(extra_gens),
             "dynamic/groups_kept": float(rollout.group_ids.numel() // G)}
     return rollout, scores, correct, info
+
+
+# ---- reward.overlap: the rewards on a thread beside the step's passes ----------------------------------
+class Scoring:
+    """[B] one batch's `scored` running on a background thread (reward.overlap), started right after
+    sampling, so that the step's reference / pi_old passes run while the reward functions (the sandbox's
+    programs, a server's replies) do.
+
+        with scoring:                          # the thread is joined on the way out, also when a pass raises
+            ref_lp = ...                       # the passes, on the main thread
+        scores, correct = scoring.result()     # or what a reward function raised, as without overlap
+
+    time/reward is the scoring's own wall time (the thread's), time/reward_wait the main thread's wait
+    for it after its passes; `Scoring.finished` holds scores computed on the main thread (no overlap).
+    """
+
+    def __init__(self, state: TrainState | None = None, examples: list | None = None, rollout=None,
+                 env_extra: dict[str, Any] | None = None, timer: PhaseTimer | None = None) -> None:
+        self._out: tuple | None = None
+        self._error: BaseException | None = None
+        self._timer, self._thread, self._seconds = timer, None, 0.0
+        if state is not None:
+            blank = state.mcts.blank_unrun if state.cfg.rollout.mcts_enabled and state.mcts else None
+            self._thread = threading.Thread(target=self._run, name="grpokit-rewards", daemon=True,
+                                            args=(state, examples, rollout, env_extra, blank))
+            self._thread.start()
+
+    @classmethod
+    def finished(cls, scores, correct) -> Scoring:
+        """Scores already in (the step waited for them)."""
+        done = cls()
+        done._out = (scores, correct)
+        return done
+
+    def _run(self, state: TrainState, examples: list, rollout, env_extra: dict[str, Any], blank) -> None:
+        start = time.perf_counter()
+        try:
+            scores, correct = scored(state, examples, rollout, env_extra)
+            self._out = blank(rollout, scores, correct)[1:] if blank else (scores, correct)
+        except BaseException as e:   # re-raised on the main thread by result(): the same object
+            self._error = e
+        finally:
+            self._seconds = time.perf_counter() - start
+
+    def __enter__(self) -> Scoring:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.join()
+
+    def join(self) -> None:
+        """Wait for the thread (once); its wall time goes to time/reward, the wait to time/reward_wait."""
+        if self._thread is None:
+            return
+        with self._timer("reward_wait"):
+            self._thread.join()
+        self._thread = None
+        self._timer.seconds["reward"] += self._seconds
+
+    def result(self):
+        """(reward batch, correctness [N] or None), after waiting; re-raises what the scoring raised."""
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._out
+
+
+def collect_overlapped(state: TrainState, timer: PhaseTimer):
+    """`collect_batch` with the scoring left running (reward.overlap): (rollout on the policy's device,
+    Scoring, info). Dynamic sampling, which needs the rewards before the step goes on, is refused
+    (grpokit.config.overlap_checks)."""
+    if state.async_rollouts is not None:   # the worker's batch, scored on the trainer's side
+        with timer("generate"):
+            rollout, examples, info = state.async_rollouts.next(state)
+        env_extra: dict[str, Any] = {}
+    else:
+        examples, info = state.stream.take(_prompts_here(state)), {}
+        rollout, env_extra = sample_batch(state, examples, timer)
+    scoring = Scoring(state, examples, rollout, env_extra, timer)
+    return rollout.to(model_device(state.model)), scoring, info

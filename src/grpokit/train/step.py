@@ -7,6 +7,7 @@ grpokit.train.generations):
     1. [A] sample   : G completions per prompt                          sample_groups
     2. [B] score    : r_i = sum_k w_k * reward_k(prompt, completion_i)  score_responses
     3. [D] ref      : log pi_ref per token (frozen; skipped when beta=0) per_token_logprobs
+                      (reward.overlap: steps 2 and 3 at once, the rewards on a thread: collect.Scoring)
     4. [C] advantage: A_i = (r_i - mean(r_group)) / std(r_group)       group_advantages
     5. [E-F] update : mu times, minimize -(clipped surrogate - beta * k3 KL), per token,
                       averaged per completion then over completions     grpo_objective_from_logprobs
@@ -42,7 +43,7 @@ from grpokit.observe.agent_metrics import trajectory_stats
 from grpokit.observe.metrics import PhaseTimer, length_stats, nan_std, reward_stats, tensor_stats
 from grpokit.rollout.groups import Rollout
 from grpokit.rollout.tree import TreeSpec, decoded_tokens
-from grpokit.train.collect import collect_batch
+from grpokit.train.collect import Scoring, collect_batch, collect_overlapped
 from grpokit.train.distributed import Distributed
 from grpokit.train.generations import Batch, Generation, take_slice
 from grpokit.train.mcts_rollouts import mcts_stats
@@ -130,23 +131,30 @@ def generate(state: TrainState, timer: PhaseTimer, speedups) -> Generation:
     """Steps 1-4 on rollout.steps_per_generation x B prompts: sample, score, the reference's log-probs,
     pi_old (the sampling policy's log-probs, when mu > 1 or k > 1), advantages on whole groups."""
     cfg, lo = state.cfg, state.cfg.loss
-    rollout, scores, correct, info = collect_batch(state, timer)
+    if cfg.reward.overlap:   # [B] scored on a thread while the passes below run (collect.Scoring)
+        rollout, scoring, info = collect_overlapped(state, timer)
+    else:
+        rollout, scores, correct, info = collect_batch(state, timer)
+        scoring = Scoring.finished(scores, correct)
     # the tokens the policy sampled (multi-turn: tool / environment tokens are attended, not trained)
     loss_mask = rollout.loss_mask.float()
     if lo.mask_truncated_completions:
         loss_mask = loss_mask * (~rollout.truncated).float()[:, None]  # no EOS: no loss
-    # the update's micro-batch plan: reuse the sampler's record? decided once, here,
-    # so a record that won't pay is freed before the passes
-    with timer("update"):
-        speedups.decide_reuse(state, rollout, micro_batch_plan)
     ref_lp = old_lp = None
-    if state.ref_model is not None:
-        with timer("ref_forward"):
-            ref_lp = forward_logprobs(state.ref_model, rollout, cfg, state.dist.logprobs_fn(state.ref_model))
-    if lo.num_iterations > 1 or cfg.rollout.steps_per_generation > 1:
-        with timer("old_forward"):
-            old_lp = forward_logprobs(state.model, rollout, cfg,
-                                      state.dist.logprobs_fn(state.model))  # once per generation batch
+    with scoring:   # a pass that raises leaves only once the reward thread is joined
+        # the update's micro-batch plan: reuse the sampler's record? decided once, here,
+        # so a record that won't pay is freed before the passes
+        with timer("update"):
+            speedups.decide_reuse(state, rollout, micro_batch_plan)
+        if state.ref_model is not None:
+            with timer("ref_forward"):
+                ref_lp = forward_logprobs(state.ref_model, rollout, cfg,
+                                          state.dist.logprobs_fn(state.ref_model))
+        if lo.num_iterations > 1 or cfg.rollout.steps_per_generation > 1:
+            with timer("old_forward"):
+                old_lp = forward_logprobs(state.model, rollout, cfg,
+                                          state.dist.logprobs_fn(state.model))  # once per generation batch
+    scores, correct = scoring.result()   # waited for in time/reward_wait; a reward's error raises here
     rewards = scores.total
     with timer("advantage"):
         if lo.kl_in_reward and ref_lp is not None:
