@@ -28,12 +28,8 @@ pytest.importorskip("peft")
 bnb = pytest.importorskip("bitsandbytes")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same reductions in every run: bit-identical results on CPU
-    yield
-    torch.set_num_threads(n)
+# one torch thread (tests/conftest.py): the same reductions in every run, bit-identical on CPU
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tiny_folder(tmp_path: Path, char_tokenizer, family: str) -> Path:

@@ -107,12 +107,13 @@ def test_two_demo_runs_with_two_threads_are_bit_identical(tmp_path):
     torch.set_num_threads(2)
     try:
         for name in ("a", "b"):
-            assert cli_main(["train", f"run.output_dir={tmp_path / name}", "run.max_steps=10",
-                             "run.eval_limit=0", "run.progress=false", "model.device=cpu"]) == 0
+            assert cli_main(["train", f"run.output_dir={tmp_path / name}", "run.max_steps=8",
+                             "rollout.prompts_per_step=8", "run.eval_limit=0", "run.progress=false",
+                             "model.device=cpu"]) == 0
     finally:
         torch.set_num_threads(threads)
     rows_a, rows_b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
-    assert len(rows_a) == 10 and [(r["step"], r["loss"], r["reward_mean"]) for r in rows_a] == \
+    assert len(rows_a) == 8 and [(r["step"], r["loss"], r["reward_mean"]) for r in rows_a] == \
         [(r["step"], r["loss"], r["reward_mean"]) for r in rows_b]
     wa = load_file(tmp_path / "a" / "final" / "model.safetensors")
     wb = load_file(tmp_path / "b" / "final" / "model.safetensors")

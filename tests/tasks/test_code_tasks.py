@@ -65,6 +65,24 @@ def test_every_family_reference_passes_its_own_hidden_tests_and_a_wrong_one_does
             assert sum(eval(t[len("assert "):], scope) for t in p.columns["tests"]) == want, (name, program)
 
 
+def test_the_wide_space_keeps_the_base_one_and_every_solution_column_passes_its_tests():
+    """task.functions_wide (the code demo's task): the same families over more parameters, the base
+    problems unchanged by it (the SmolLM2 figures are on those), and every problem's `solution` column
+    (what `grpokit sft` warms the demo model up on) is a fenced program passing its five hidden tests."""
+    base = function_problems(10_000, 500, seed=1234)
+    assert function_problems(10_000, 500, seed=1234, wide=False) == base
+    train, held = function_problems(10_000, 500, seed=1234, wide=True)
+    combos = sum(len(f.wide or f.params) for f in FAMILIES)
+    assert len(train) + len(held) == combos > 3 * sum(len(f.params) for f in FAMILIES)
+    assert len(held) == combos // 5 and not {p.columns["entry_point"] for p in train} & \
+        {p.columns["entry_point"] for p in held}
+    for p in train + held + base[0] + base[1]:
+        program = extract_program(p.columns["solution"], "fenced")
+        assert parses(program) and program.startswith(f"def {p.columns['entry_point']}(")
+        assert _run(program, p.columns["test_setup"], p.columns["tests"]) == HIDDEN_TESTS, program
+    assert _run("def f(x):\n    return 0", "", ["assert f(1) == 1"]) == 0     # the checker can fail
+
+
 def test_load_examples_gives_the_code_columns_and_refuses_the_boxed_rewards():
     cfg = build_config({"task.name": "functions", **CODE})
     ex = load_examples(cfg.task, "train")[0]

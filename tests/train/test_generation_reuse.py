@@ -35,12 +35,8 @@ def assert_same(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same reductions in every run: bit-identical results on CPU
-    yield
-    torch.set_num_threads(n)
+# one torch thread (tests/conftest.py): the same reductions in every run, bit-identical on CPU
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Spy:

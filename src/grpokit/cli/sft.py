@@ -54,6 +54,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--eval-limit", type=int, default=500,
                    help="held-out problems to evaluate at the end (0: none)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (the recipe was timed with 2)")
+    p.add_argument("--max-positions", type=int, default=DEMO_SHAPE["max_positions"],
+                   help="the random model's positions (the code demo: 512)")
     p.add_argument("--init", help="start from this model (folder or alias) instead of a random one")
     p.add_argument("--traces", help="train on tool-calling traces: calculator | guess_number")
     p.add_argument("--num-traces", type=int, default=400, help="how many traces (with --traces)")
@@ -72,7 +74,7 @@ def _warm_up(args: argparse.Namespace, cfg: GRPOConfig, out: Path) -> int:
         model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=args.init, device="cpu"))
     else:
         tokenizer = build_char_tokenizer()
-        model = build_demo_model(tokenizer, args.seed)
+        model = build_demo_model(tokenizer, args.seed, max_positions=args.max_positions)
     apply_precision(model, cfg)   # the config's model.precision (auto: fp32 for the demo's small models)
     n_params = sum(t.numel() for t in model.parameters())
     log.info("sft: %.2f M parameters, %d steps of %d on task %s", n_params / 1e6, args.steps,
@@ -82,8 +84,8 @@ def _warm_up(args: argparse.Namespace, cfg: GRPOConfig, out: Path) -> int:
         train = demonstrations(args.traces, train, args.num_traces, args.seed, cfg.task.trace_answer_prefix)
     rows = train_sft(model, tokenizer, train, args.steps, args.batch_size, args.learning_rate,
                      args.warmup_steps, args.seed, stop_at=args.stop_at, mask_tool_results=bool(args.traces))
-    report: dict[str, Any] = {"recipe": {k: getattr(args, k) for k in DEFAULTS},
-                              "shape": None if args.init else DEMO_SHAPE,   # --init: the model's own
+    shape = None if args.init else {**DEMO_SHAPE, "max_positions": args.max_positions}   # --init: its own
+    report: dict[str, Any] = {"recipe": {k: getattr(args, k) for k in DEFAULTS}, "shape": shape,
                               "parameters": n_params, "log": rows}
     if args.eval_limit:
         result = evaluate(model, tokenizer, load_examples(cfg.task, cfg.task.eval_split), cfg,

@@ -59,7 +59,7 @@ def _choice(choice: Any, default: str, before: str = "", after: str = "", **note
 class ModelConfig:
     name_or_path: str = _f("builtin:arith-demo", "local AutoModelForCausalLM folder, an alias "
                            "(smollm2-135m-instruct), or builtin:arith-demo / builtin:tiny-random / "
-                           "builtin:calculator-demo / builtin:guess-demo (the agents demos)")
+                           "builtin:calculator-demo / guess-demo / code-demo (the agents and code demos)")
     gguf_file: str | None = _f(None, "GGUF file name inside name_or_path (needs the [gguf] extra)")
     dtype: Dtype = _choice(Dtype, "float32", after=": the stored weights (16-bit: compute in it too)")
     precision: Precision = _choice(Precision, "auto", after=": compute precision of float32 "
@@ -227,8 +227,7 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    funcs: dict = _f({"rule": 1.0}, "reward name, 'module:function' or 'rm:PATH' (a learned reward model) "
-                     "-> weight")
+    funcs: dict = _f({"rule": 1.0}, "reward name, 'module:function' or 'rm:PATH' (a learned RM) -> weight")
     reward_errors: RewardErrors = _choice(RewardErrors, "raise", **{"raise": "stop, naming the function",
                                                                     "skip": "score None, count it"})
     overlong_buffer: int = _f(0, "DAPO soft overlong punishment: penalty ramps over the last N tokens")
@@ -244,6 +243,7 @@ class RewardConfig:
     sandbox_memory_mib: int = _f(512, "code rewards: address space per program in MiB")
     sandbox_url: str | None = _f(None, "code rewards: a `grpokit sandbox-serve` to run them (its mode and "
                                  "limits apply; the token from $GRPOKIT_SERVE_TOKEN); None = here")
+    overlap: bool = _f(False, "score on a thread while the reference / pi_old passes run (docs/code.md)")
 
 
 @dataclass

@@ -35,6 +35,7 @@ DEMO_CHECKPOINT = ASSETS / "arith-demo"
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 # the agents demos' warm starts (docs/agents.md), made by `grpokit sft --traces ...` from builtin:arith-demo
 AGENT_DEMOS = ("builtin:calculator-demo", "builtin:guess-demo")
+CODE_DEMO = "builtin:code-demo"   # the code demo's warm start (configs/code_demo.yaml), by `grpokit sft`
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -142,14 +143,14 @@ def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype):
 
     if cfg.name_or_path == SMOLLM2_ALIAS:
         folder, gguf = find_smollm2_gguf()
-    elif cfg.name_or_path in AGENT_DEMOS:
+    elif cfg.name_or_path in (*AGENT_DEMOS, CODE_DEMO):
         folder, gguf = ASSETS / cfg.name_or_path.split(":", 1)[1], None
     else:
         folder, gguf = Path(cfg.name_or_path).expanduser(), cfg.gguf_file
     if not folder.exists():
         raise ModelError(f"model path '{folder}' does not exist: give a local AutoModelForCausalLM folder "
                          f"or one of builtin:arith-demo, builtin:tiny-random, {', '.join(AGENT_DEMOS)}, "
-                         f"{SMOLLM2_ALIAS}")
+                         f"{CODE_DEMO}, {SMOLLM2_ALIAS}")
     if gguf and not (folder / gguf).is_file():
         raise ModelError(f"GGUF file '{gguf}' not found in '{folder}': check model.gguf_file")
     if not gguf and not (folder / "config.json").is_file():

@@ -64,7 +64,8 @@ def _problems(task: TaskConfig, split: str) -> Sequence[Problem]:
     if task.name == "arithmetic":
         return _arithmetic(task, split)
     if task.name == "functions":
-        return _held_out(task, split, *function_problems(task.num_train, task.num_eval, task.seed))
+        return _held_out(task, split, *function_problems(task.num_train, task.num_eval, task.seed,
+                                                              wide=task.functions_wide))
     if task.name == "humaneval":
         return humaneval_problems(split)
     if task.name in ("mbpp", "code"):

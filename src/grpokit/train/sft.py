@@ -88,9 +88,10 @@ def sft_loss(model, ids: torch.Tensor, att: torch.Tensor, loss_mask: torch.Tenso
     return (nll * m).sum() / m.sum().clamp(min=1.0)
 
 
-def build_demo_model(tokenizer, seed: int):
-    """A random-init character-level Qwen2 of `DEMO_SHAPE` (float32)."""
-    return tiny_random_model(tokenizer, seed=seed, **DEMO_SHAPE)
+def build_demo_model(tokenizer, seed: int, **shape: int):
+    """A random-init character-level Qwen2 of `DEMO_SHAPE` (float32), `shape` overriding its entries
+    (the code demo's prompts need max_positions=512)."""
+    return tiny_random_model(tokenizer, seed=seed, **(DEMO_SHAPE | shape))
 
 
 def train_sft(model, tokenizer, examples: Sequence, steps: int, batch_size: int, learning_rate: float,
