@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from grpokit.config.reuse_checks import refuse_combinations
 from grpokit.errors import ConfigError
 
 
@@ -44,7 +45,4 @@ def check_reward_overlap(cfg: Any) -> None:
             "on the same stream, so nothing overlaps, and both hold their activations at once; on the CPU "
             "they split the same cores; set model.device and rm.device to two different devices"),
     }
-    for key, (hit, why) in refused.items():
-        if hit:
-            raise ConfigError(f"reward.overlap=true with {key}: not supported ({why}): set "
-                              "reward.overlap=false or drop the other")
+    refuse_combinations("reward.overlap=true", "reward.overlap=false", refused)

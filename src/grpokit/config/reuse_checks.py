@@ -27,7 +27,11 @@ def check_generation_reuse(cfg: Any) -> None:
                                            "the sampler's record holds the sampling weights' activations, "
                                            "stale after the generation's first step; auto turns it off"),
     }
+    refuse_combinations(f"rollout.steps_per_generation={k}", "rollout.steps_per_generation=1", refused)
+
+
+def refuse_combinations(setting: str, undo: str, refused: dict[str, tuple[bool, str]]) -> None:
+    """The first of `refused` (other setting -> (is it on, why not)) that is on, as one ConfigError line."""
     for key, (on, why) in refused.items():
         if on:
-            raise ConfigError(f"rollout.steps_per_generation={k} with {key}: not supported ({why}): set "
-                              "rollout.steps_per_generation=1 or drop the other")
+            raise ConfigError(f"{setting} with {key}: not supported ({why}): set {undo} or drop the other")
