@@ -1,12 +1,13 @@
-"""docs/code.md's measured blocks: the hostile programs in both sandbox modes and through a training run,
-the pool's throughput (benchmarks/results/sandbox_*.jsonl)."""
+"""docs/code.md's measured blocks: the code demo's seeds (benchmarks/results/code_demo_seeds.jsonl), the
+SmolLM2 hour, the hostile programs in both sandbox modes and through a training run, the pool's throughput
+(benchmarks/results/sandbox_*.jsonl)."""
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
 
-from .raw import rows
+from .raw import newest_group, rows
 from .render import Block, Column, Table, Text, headline_row
 
 PAGE = "docs/code.md"
@@ -117,28 +118,34 @@ def _hour() -> dict:
 
 
 def _smollm2_rows() -> list[dict]:
-    h = _hour()
-    return [{"what": f"built-in functions, held out ({int(h['before']['num_problems'])} never trained on), "
-                     "greedy, all hidden tests pass", "before": h["before"]["accuracy"],
-             "after": h["after"]["accuracy"], "tests": h["after"]["rewards/code_tests"],
-             "tests0": h["before"]["rewards/code_tests"]},
-            {"what": f"HumanEval ({int(h['he']['before']['num_problems'])} problems), greedy pass@1",
-             "before": h["he"]["before"]["accuracy"], "after": h["he"]["after"]["accuracy"],
-             "tests": h["he"]["after"]["rewards/code_tests"],
-             "tests0": h["he"]["before"]["rewards/code_tests"]}]
+    h, he = _hour(), _hour()["he"]
+    pct = "{:.1%}".format
+
+    def row(what: str, key: str, src: dict, tests: str | None) -> dict:
+        b, a = src["before"], src["after"]
+        return {"what": what, "before": b[key], "after": a[key],
+                "tests": "" if tests is None else f"{pct(b[tests])} -> {pct(a[tests])}"}
+
+    n_he = int(he["before"]["num_problems"])
+    out = [row(f"built-in functions, held out ({int(h['before']['num_problems'])} never trained on), greedy, "
+               "all hidden tests pass", "accuracy", h, "rewards/code_tests"),
+           row(f"HumanEval ({n_he} problems), greedy pass@1", "accuracy", he, "rewards/code_tests")]
+    for k in ("pass@1", "pass@8"):
+        if k in he["before"] and k in he["after"]:
+            out.append(row(f"HumanEval ({n_he} problems), {k} of 8 samples at temperature 1.0", k, he, None))
+    return out
 
 
 SMOLLM2 = Table(
     rows=_smollm2_rows,
     columns=(Column("evaluation", "{what}"), Column("before", "{before:percent}"),
-             Column("after", "{after:percent}"), Column("tests passed, before -> after",
-                                                       "{tests0:percent} -> {tests:percent}")),
+             Column("after", "{after:percent}"), Column("tests passed, before -> after", "{tests}")),
     note="`{command}` ({machine}, {threads} thread, commit {commit}, {date}): {steps} steps in "
          "{minutes:.0f} training minutes (evaluations off the clock), the other core running other work; "
          "the reward phase (programs in the sandbox) took {reward_share:percent} of the step time. "
          "Held out: {b_right} -> {a_right} of {n} functions. HumanEval: `{he_command}` (before: the base "
-         "model, commit {hb_commit}, {hb_threads} thread; after: commit {ha_commit}, {ha_threads} "
-         "threads). Raw rows: "
+         "model, commit {hb_commit}, threads {hb_threads}; after: commit {ha_commit}, threads "
+         "{ha_threads}). Raw rows: "
          "`benchmarks/results/code_smollm2_hour_*.jsonl`, `benchmarks/results/code_smollm2_humaneval.jsonl`.",
     figures=lambda _: _smollm2_figures(),
 )
@@ -153,16 +160,84 @@ def _smollm2_figures() -> dict:
             "ha_commit": h["he"]["after"]["commit"], "ha_threads": h["he"]["after"]["threads"]}
 
 
+OVERLAP = "reward_overlap.jsonl"     # benchmarks/reward_overlap.py
+
+
+def _overlap_rows() -> list[dict]:
+    """The newest overlap benchmark: each side's means, then the ratios on / off."""
+    summary = [r for r in rows(OVERLAP) if r.get("summary")][-1]
+    out = [{"side": side, **summary[side]} for side in ("off", "on")]
+    return out + [{"side": "on / off", **summary["ratio_on_over_off"]}]
+
+
+OVERLAP_TABLE = Table(
+    rows=_overlap_rows,
+    columns=(Column("reward.overlap", "{side}"), Column("step", "{step_s:.3f}"),
+             Column("scoring (its own wall time)", "{reward_s:.3f}"),
+             Column("the step waited", "{reward_wait_s:.3f}"), Column("share of the step waiting",
+                                                                     "{wait_share:.3f}")),
+    note="Seconds per step (ratios in the last row), means over each side's runs after their first step: "
+         "`{command}` at commit {commit} ({machine}, {date}); {note}. Both sides trained the same numbers: "
+         "{same_numbers}. Raw rows: `benchmarks/results/reward_overlap.jsonl`.",
+    figures=lambda _: {**[r for r in rows(OVERLAP) if r.get("summary")][-1],
+                       "note": [r for r in rows(OVERLAP) if not r.get("summary")][-1].get("note", "")},
+)
+
+CODE_DEMO = "code_demo_seeds.jsonl"   # scripts/demo_seeds.py --config configs/code_demo.yaml
+
+
+def _demo_rows() -> list[dict]:
+    """The newest set of the code demo's seeds, by seed: hidden tests passed and all-pass, before / after."""
+    got = sorted(newest_group(rows(CODE_DEMO)), key=lambda r: r["seed"])
+    tests = "rewards/code_tests"
+    return [{**r, "tests0": r["eval_before"][tests], "tests": r["eval_after"][tests],
+             "change": r["eval_after"][tests] - r["eval_before"][tests], "train_min": r["train_s"] / 60}
+            for r in got]
+
+
+def _demo_figures(found: list[dict]) -> dict:
+    gains = [r["change"] for r in found]
+    return {**found[0], "gain": statistics.mean(gains), "low": min(gains), "high": max(gains),
+            "seeds": [r["seed"] for r in found], "afters": [r["tests"] for r in found]}
+
+
+DEMO_TABLE = Table(
+    rows=_demo_rows,
+    columns=(Column("seed", "{seed}"), Column("held-out functions", "{problems}"),
+             Column("tests passed before", "{tests0:percent}"), Column("after", "{tests:percent}"),
+             Column("change", "{change:points}"), Column("all five pass, before -> after",
+                                                         "{before:percent} -> {after:percent}"),
+             Column("steps", "{steps}"), Column("training", "{train_min:.1f} min"),
+             Column("wall", "{wall_s:seconds}")),
+    note="Mean change {gain:points} (the goal: +25 pt). `python scripts/demo_seeds.py --config "
+         "configs/code_demo.yaml` (each seed: `grpokit train configs/code_demo.yaml run.seed=S`), commit "
+         "{commit}, {machine}, threads: {threads} (torch's, one per core), {date}; training = the steps' "
+         "own seconds (at most 10 "
+         "minutes, `run.max_minutes`), wall = the whole command with its two evaluations of the 229 "
+         "held-out functions. Raw rows: `benchmarks/results/code_demo_seeds.jsonl`.",
+    figures=_demo_figures,
+)
+
+
 def headline() -> list[dict]:
-    h = _hour()
+    h, demo = _hour(), _demo_rows()
+    d = _demo_figures(demo)
+    he = h["he"]
+    n_hostile = len([r for r in _newest(HOSTILE) if r["mode"] == "bwrap"])
+    sampled = (" pass@8 {p8b:percent} -> {p8a:percent};" if "pass@8" in he["after"] else "")
     return [headline_row(
-        "code: SmolLM2-135M-Instruct, the built-in code task (programs run in the bubblewrap sandbox), "
-        "{minutes:.0f} min of GRPO on one core, seed 0",
-        "held-out functions {b:percent} -> {a:percent} (all hidden tests); HumanEval greedy {hb:percent} -> "
-        "{ha:percent}; 42 hostile programs: nothing changed, leaked or left behind", "code", "code.md",
-        "code_smollm2_*, sandbox_hostile*.jsonl", minutes=h["minutes"], b=h["before"]["accuracy"],
-        a=h["after"]["accuracy"], hb=h["he"]["before"]["accuracy"], ha=h["he"]["after"]["accuracy"])]
+        "code: `grpokit train configs/code_demo.yaml` (the shipped char model, {n} held-out functions, <= 10 "
+        "min on 2 cores), and SmolLM2-135M-Instruct ({minutes:.0f} min on one core); programs run in the "
+        "bubblewrap sandbox",
+        "demo: hidden tests passed {before0:percent} -> {afters:pct}%, seeds {seeds} (mean {gain:points}); "
+        "SmolLM2: held-out functions {b:percent} -> {a:percent}, HumanEval greedy {hb:percent} -> "
+        "{ha:percent};" + sampled + " {hostile} hostile programs: nothing changed, leaked or left behind",
+        "code", "code.md", f"{CODE_DEMO}, code_smollm2_*, sandbox_hostile*.jsonl", n=demo[0]["problems"],
+        before0=demo[0]["tests0"], minutes=h["minutes"], b=h["before"]["accuracy"], a=h["after"]["accuracy"],
+        hb=he["before"]["accuracy"], ha=he["after"]["accuracy"], p8b=he["before"].get("pass@8"),
+        p8a=he["after"].get("pass@8"), hostile=n_hostile, **d)]
 
 
-BLOCKS = [Block(PAGE, "code-hostile", (INTRO, MODES)), Block(PAGE, "code-throughput", (SPEED_TABLE,)),
+BLOCKS = [Block(PAGE, "code-demo", (DEMO_TABLE,)), Block(PAGE, "code-hostile", (INTRO, MODES)),
+          Block(PAGE, "code-throughput", (SPEED_TABLE,)), Block(PAGE, "code-overlap", (OVERLAP_TABLE,)),
           Block(PAGE, "code-smollm2", (SMOLLM2,))]

@@ -90,7 +90,9 @@ def test_each_choice_is_declared_once_and_help_validation_and_switch_derive_from
     found = choices(GRPOConfig())
     assert found["loss.loss_type"] == typing.get_args(ch.LossType) == LOSS_TYPES
     assert found["loss.scale_rewards"] == typing.get_args(ch.ScaleRewards) == SCALE_MODES
-    assert len(found) == 25 and found["model.bnb_4bit_quant_type"] == ("nf4", "fp4")
+    assert len(found) == 27 and found["model.bnb_4bit_quant_type"] == ("nf4", "fp4")
+    assert found["run.ddp_backend"] == ("auto", "nccl", "gloo", "mpi")
+    assert found["run.log_level"][0] == "passive"
     from grpokit.sandbox import MODES
 
     assert found["reward.sandbox"] == MODES == ("bwrap", "process")

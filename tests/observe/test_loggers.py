@@ -175,6 +175,23 @@ def test_wandb_mlflow_trackio_adapters_with_stand_in_modules(tmp_path, monkeypat
 
     assert trackio.names() == ["init", "log", "Table", "log", "finish"]
     assert trackio.calls[0][2]["project"] == "grpokit" and trackio.calls[1][2] == {"step": 3}
+    assert trackio.calls[0][2]["name"] == "myrun"
+
+
+def test_run_name_names_the_run_in_every_tracker(tmp_path, monkeypatch):
+    """TRL's run_name -> run.run_name: the name wandb, mlflow and trackio show (else the folder's)."""
+    mods = {"wandb": Recorder("wandb", functions=("init", "finish")),
+            "mlflow": Recorder("mlflow", functions=("set_tracking_uri", "create_experiment", "set_experiment",
+                                                    "start_run", "log_params", "end_run")),
+            "trackio": Recorder("trackio", functions=("init", "finish"))}
+    mods["mlflow"].get_experiment_by_name = lambda name: None
+    for mod in mods.values():
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = {"run": {"run_name": "ablation-3"}}
+    build_loggers(["wandb", "mlflow", "trackio"], tmp_path / "myrun", config).close()
+    assert mods["wandb"].calls[0][2]["name"] == "ablation-3" == mods["trackio"].calls[0][2]["name"]
+    assert [c[2]["run_name"] for c in mods["mlflow"].calls if c[0] == "start_run"] == ["ablation-3"]
 
 
 def test_loggers_close_is_idempotent():

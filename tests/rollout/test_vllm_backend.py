@@ -320,3 +320,20 @@ def test_the_client_waits_for_the_server_then_says_what_to_do(tmp_path, char_tok
     with pytest.raises(ConnectionError, match="within 1.5 s .rollout.vllm_server_timeout_s."):
         ServerEngine(url).wait_ready(1.5)
     assert 1.4 <= time.monotonic() - start < 10
+
+
+def test_colocated_engine_gets_max_model_length_and_sleep_mode(tmp_path, char_tokenizer, tiny_model,
+                                                                monkeypatch):
+    """TRL's vllm_max_model_length / vllm_enable_sleep_mode -> rollout.* -> the colocated VLLMEngine."""
+    import grpokit.rollout.vllm_backend as backend
+
+    seen = []
+    monkeypatch.setattr(backend, "require_vllm", lambda: None)
+    monkeypatch.setattr(backend, "VLLMEngine", lambda folder, **kw: seen.append(kw) or object())
+    for over, want in (({}, (518, True)),
+                       ({"rollout.vllm_max_model_length": 2048, "rollout.vllm_enable_sleep_mode": False},
+                        (2048, False))):
+        backend.build_rollouts(_state(tmp_path / str(len(seen)), char_tokenizer, tiny_model, **over))
+        assert (seen[-1]["max_model_len"], seen[-1]["sleep_mode"]) == want
+    with pytest.raises(ValueError, match="vllm_max_model_length=100 is shorter than"):
+        build_config({"rollout.backend": "vllm", "rollout.vllm_max_model_length": 100})

@@ -17,6 +17,7 @@ class StubDecoder:
                  cycle: bool = False) -> None:
         self.tokenizer, self.groups, self.depth = tokenizer, groups or {}, depth
         self.max_new_tokens, self.cycle, self.count = max_new_tokens, cycle, 0
+        self.eos_ids = [tokenizer.eos_token_id]
         self.calls = []            # (prefixes, n, limits) per extend call
         self.decoded = []          # every Completion handed out
 

@@ -183,3 +183,21 @@ def test_full_determinism_turns_on_deterministic_algorithms(monkeypatch):
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+def test_data_seed_log_level_ddp_and_vllm_fields_reach_grpokit_and_none_keeps_the_default():
+    """issue 56 item 5: data_seed, log_level, run_name, the five ddp_* fields, vllm_max_model_length; TRL's
+    None (and log_level "passive") leave grpokit's default, which is PyTorch's."""
+    t = translate(GRPOConfig(data_seed=11, log_level="warning", ddp_backend="gloo", ddp_static_graph=True,
+                             ddp_find_unused_parameters=True, ddp_bucket_cap_mb=50,
+                             ddp_broadcast_buffers=False), num_prompts=64)
+    run = build_config(t.overrides).run
+    assert (run.data_seed, run.log_level, run.ddp_backend) == (11, "warning", "gloo")
+    assert (run.ddp_find_unused_parameters, run.ddp_bucket_cap_mb, run.ddp_broadcast_buffers,
+            run.ddp_static_graph) == (True, 50, False, True)
+    t = translate(GRPOConfig(vllm_max_model_length=4096, run_name="r1"), num_prompts=64)
+    assert (t.overrides["rollout.vllm_max_model_length"], t.overrides["run.run_name"]) == (4096, "r1")
+    default = build_config(translate(GRPOConfig(), num_prompts=64).overrides).run
+    assert (default.data_seed, default.log_level, default.ddp_backend) == (None, "passive", "auto")
+    assert (default.ddp_find_unused_parameters, default.ddp_bucket_cap_mb, default.ddp_broadcast_buffers,
+            default.ddp_static_graph) == (False, 25, True, False)

@@ -12,6 +12,7 @@ A `rollout_func` (TRL's) replaces all of this (`grpokit.agents.custom_rollout`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -168,9 +169,8 @@ class Agent:
                                     truncate_prompt=r.truncate_prompt, backend=backend, greedy=greedy,
                                     chat_template_kwargs=kwargs, tools=tools, driver=driver)
         if not shared:   # one prefill per row; the groups are still the G rows of an example
-            rollout.group_size = G
-            device = rollout.group_ids.device
-            rollout.group_ids = torch.arange(len(examples), device=device).repeat_interleave(G)
+            group_ids = torch.arange(len(examples), device=rollout.group_ids.device).repeat_interleave(G)
+            rollout = dataclasses.replace(rollout, group_size=G, group_ids=group_ids)
         return rollout, ({"environments": envs} if envs is not None else {})
 
     def _tools_of(self, env: Any) -> dict[str, Tool]:

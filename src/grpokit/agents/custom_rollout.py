@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from grpokit.errors import ConfigError
-from grpokit.rollout.groups import Rollout
+from grpokit.rollout.contract import Rollout, assemble_rollout, pad_rows
 from grpokit.rollout.trajectory import Trajectory, Turn
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
@@ -38,11 +38,6 @@ def _check(out: Any, n: int) -> None:
             if len(vals) != len(ids):
                 raise ConfigError(f"rollout_func row {i}: {key} has {len(vals)} values for {len(ids)} "
                                   "completion ids: give one per completion token")
-
-
-def _pad(rows: list, width: int, value: float, left: bool, dtype) -> torch.Tensor:
-    pads = [[value] * (width - len(r)) for r in rows]
-    return torch.tensor([p + list(r) if left else list(r) + p for p, r in zip(pads, rows)], dtype=dtype)
 
 
 def _trajectory(env_mask: list[int]) -> Trajectory:
@@ -68,20 +63,15 @@ def rollout_from_func(fn: Callable, trainer: Any, rows: list[dict], tokenizer, g
     pad = tokenizer.pad_token_id
     P = max(len(p) for p in out["prompt_ids"])
     T = max(1, max(len(c) for c in out["completion_ids"]))
-    ids = _pad(out["completion_ids"], T, pad, False, torch.long)                        # [N, T]
-    mask = _pad([[1] * len(c) for c in out["completion_ids"]], T, 0, False, torch.long)
     env = out.get("env_mask")
-    model = None if env is None else _pad(env, T, 0, False, torch.long) * mask
-    lp = _pad(out["logprobs"], T, 0.0, False, torch.float32) * (mask if model is None else model)
-    last = [c[-1] if c else None for c in out["completion_ids"]]
-    rollout = Rollout(
-        prompt_ids=_pad(out["prompt_ids"], P, pad, True, torch.long),
-        prompt_mask=_pad([[1] * len(p) for p in out["prompt_ids"]], P, 0, True, torch.long),
-        completion_ids=ids, completion_mask=mask,
-        group_ids=torch.arange(n // group_size).repeat_interleave(group_size),
-        completions=tokenizer.batch_decode([list(c) for c in out["completion_ids"]],
-                                           skip_special_tokens=True),
-        prompts=[row["prompt"] for row in rows], truncated=torch.tensor([t not in eos_ids for t in last]),
-        group_size=group_size, sampling_logprobs=lp, model_mask=model,
+    rollout = assemble_rollout(
+        tokenizer=tokenizer, prompts=[row["prompt"] for row in rows], prompts_per_row=True,
+        group_size=group_size, eos_ids=eos_ids,
+        prompt_ids=pad_rows(out["prompt_ids"], P, pad, left=True),
+        prompt_mask=pad_rows([[1] * len(p) for p in out["prompt_ids"]], P, 0, left=True),
+        completion_ids=pad_rows(out["completion_ids"], T, pad),
+        lengths=[len(c) for c in out["completion_ids"]], cut_at_eos=False,         # the ids as they are
+        sampling_logprobs=pad_rows(out["logprobs"], T, 0.0, dtype=torch.float32),
+        model_mask=None if env is None else pad_rows(env, T, 0),
         trajectories=None if env is None else [_trajectory(list(e)) for e in env])
     return rollout, {k: list(v) for k, v in out.items() if k not in (*REQUIRED, "env_mask")}

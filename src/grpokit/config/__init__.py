@@ -1,6 +1,9 @@
 """One typed config: every choice declared once, validated when built, saved with every checkpoint.
 
     schema      GRPOConfig and its sections, defaults, YAML and dotted overrides, presets
+    sections    the sections' dataclasses (model, task, rollout, reward, loss, optim), each field's help
+    run_sections the run and rm sections (driving, logging, saving, launching a run; reward models)
+    field_help  the field helpers the sections declare with (a field and its help text, a choice field)
     choices     every choice as a `Literal` type (help text, validation and switches derive from it)
     validation  range and consistency checks, one function per concern
     code_checks the code tasks' and the sandbox's settings (and the code rewards' names)

@@ -34,3 +34,5 @@ RMPrecision = Literal["fp32", "bf16"]                          # rm.precision
 RMTransform = Literal["none", "sigmoid"]                       # rm.transform
 RMObjective = Literal["pointwise", "pairwise"]                 # rm.objective
 StepLabels = Literal["verifier", "mc"]                         # rm.step_labels
+LogLevel = Literal["passive", "debug", "info", "warning", "error", "critical"]  # run.log_level
+DDPBackend = Literal["auto", "nccl", "gloo", "mpi"]             # run.ddp_backend (torch.distributed)

@@ -7,10 +7,8 @@ validation checks against too.
 
 from __future__ import annotations
 
-import json
-import typing
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from grpokit.config.choices import (
     Aggregation,
@@ -25,12 +23,8 @@ from grpokit.config.choices import (
     Precision,
     QuantType,
     RewardErrors,
-    RMObjective,
-    RMPrecision,
-    RMTransform,
     SandboxMode,
     ScaleRewards,
-    StepLabels,
     TaskName,
     TISLevel,
     TISMode,
@@ -38,21 +32,8 @@ from grpokit.config.choices import (
     TruncatePrompt,
     VLLMMode,
 )
-
-
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field with its documentation kept in the metadata (the config reference)."""
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda d=default: json.loads(json.dumps(d)), metadata={"help": help},
-                     **kw)
-    return field(default=default, metadata={"help": help}, **kw)
-
-
-def _choice(choice: Any, default: str, before: str = "", after: str = "", **notes: str) -> Any:
-    """A field holding one of `choice`'s options (a `grpokit.config.choices` Literal): its help lists them,
-    each with its note, between `before` and `after`; validation checks the value against the same type."""
-    listed = " | ".join(f"{o} ({notes[o]})" if o in notes else o for o in typing.get_args(choice))
-    return _f(default, before + listed + after)
+from grpokit.config.field_help import _choice, _f
+from grpokit.config.run_sections import RMConfig, RunConfig  # re-exported: sections of the config
 
 
 @dataclass
@@ -185,6 +166,10 @@ class RolloutConfig:
                                       chat="the chat template's (Hermes/Qwen <tool_call>, or the tokenizer's "
                                            "response_template)",
                                       plain="<tool_call>name(args)</tool_call> and <tool_response> text")
+    vllm_enable_sleep_mode: bool = _f(True, "backend=vllm colocate: the engine sleeps (frees its weights and "
+                                      "KV cache) during the update where the platform can; false keeps them")
+    vllm_max_model_length: int | None = _f(None, "backend=vllm colocate: the engine's context length "
+                                           "(None: max_prompt_length + max_completion_length)")
     vllm_enforce_eager: bool | str = _f("auto", "backend=vllm colocate: no torch.compile / CUDA graphs: auto "
                                         "(eager on CPU, where compiling costs ~2 min at start; compiled on "
                                         "GPU) | true | false")
@@ -316,68 +301,6 @@ class OptimConfig:
     warmup_steps: int = _f(0, "linear warm-up steps")
     micro_batch_size: int = _f(0, "completions per forward/backward; 0 = the whole batch")
     optim: Optimizer = _choice(Optimizer, "adamw", adamw_8bit="bitsandbytes")
-
-
-@dataclass
-class RunConfig:
-    output_dir: str = _f("runs/grpo", "where metrics, checkpoints and the final model go")
-    max_steps: int = _f(100, "optimizer steps")
-    max_minutes: float = _f(0.0, "also stop after the step that ends past this many minutes of training in "
-                            "this process (evaluations off the clock), then evaluate and save as at "
-                            "max_steps; 0 = max_steps only")
-    seed: int = _f(0, "seed for data order, sampling and init")
-    logging_steps: int = _f(1, "console log every N steps (metrics.jsonl gets every step)")
-    eval_steps: int = _f(0, "evaluate on the held-out split every N steps; 0 = start and end only")
-    eval_limit: int = _f(0, "held-out problems per evaluation; 0 = none, -1 = all")
-    save_steps: int = _f(0, "checkpoint every N steps; 0 = only the final model")
-    save_total_limit: int = _f(2, "checkpoints kept")
-    save_on_interrupt: bool = _f(False, "on SIGINT / SIGTERM, also checkpoint the step the run stopped after "
-                                 "(default: resume from the last periodic checkpoint)")
-    resume: bool | str = _f(False, "true: continue from the newest complete checkpoint in output_dir "
-                            "(error if none) | auto: continue if there is one, else start fresh | false")
-    overwrite: bool = _f(False, "replace the run in output_dir: the old one is kept aside until the new one "
-                         "has its first checkpoint (or final model), and put back if it fails before")
-    report_to: list = _f([], "extra loggers: tensorboard, wandb, mlflow, trackio")
-    log_completions_steps: int = _f(0, "write sample completions every N steps; 0 = never")
-    track_prompts: bool = _f(False, "per-prompt reward history")
-    max_bad_steps: int = _f(3, "stop after this many non-finite updates in a row")
-    progress: bool = _f(True, "show a progress bar")
-    ddp_timeout_s: int = _f(1800, "with several ranks: seconds a collective may wait before the run fails")
-    full_determinism: bool = _f(False, "torch.use_deterministic_algorithms(True) (and cuBLAS's workspace "
-                                "setting on CUDA): deterministic kernels or an error naming the op")
-    fsdp: bool = _f(False, "with several ranks (torchrun): shard weights, gradients and optimizer state "
-                    "with PyTorch FSDP2 instead of replicating them (DDP)")
-    iterations: int = _f(0, "Algorithm 1: I outer iterations, each: reference <- policy, M policy steps, "
-                         "then continual training of the rm: reward on the iteration's samples; 0 = off")
-    steps_per_iteration: int = _f(0, "Algorithm 1: M policy steps per iteration (run.max_steps = I * M)")
-
-
-@dataclass
-class RMConfig:
-    """Learned reward models (`rm:PATH` in reward.funcs) and their continual training (Algorithm 1)."""
-
-    batch_size: int = _f(32, "texts per reward-model forward pass")
-    device: str = _f("auto", "where the reward model runs: auto (the policy's device) | cpu | cuda | cuda:N")
-    precision: RMPrecision = _choice(RMPrecision, "fp32", before="reward-model compute: ")
-    transform: RMTransform = _choice(RMTransform, "none", before="score squash: ",
-                                     none="the raw logit, as TRL", sigmoid="a probability in (0, 1)")
-    step_separator: str = _f("\n", "process RM: the text between separators is one step (e.g. a newline, "
-                             "'. ' or a step tag)")
-    max_length: int = _f(0, "longest reward-model input in tokens (prompt + completion); 0 = the model's "
-                         "max_position_embeddings; a longer input is an error")
-    continual_training: bool = _f(True, "Algorithm 1: train the RM after each iteration; false = a frozen RM "
-                                  "(the comparison), the reference still reset each iteration")
-    replay_share: float = _f(0.1, "Algorithm 1: share of historical samples in each continual-training mix")
-    learning_rate: float = _f(1e-4, "Algorithm 1: reward-model AdamW learning rate")
-    epochs: int = _f(1, "Algorithm 1: passes over each iteration's training mix")
-    train_batch_size: int = _f(32, "Algorithm 1: samples per reward-model optimizer step")
-    objective: RMObjective = _choice(RMObjective, "pointwise",
-                                     pointwise="binary cross-entropy on verifier labels",
-                                     pairwise="Bradley-Terry on right/wrong pairs of one prompt")
-    step_labels: StepLabels = _choice(StepLabels, "verifier", before="process RM labels: ",
-                                      verifier="the arithmetic step checker; the final step by the answer",
-                                      mc="Math-Shepherd: a step is good if a rollout from it is right")
-    mc_rollouts: int = _f(4, "step_labels=mc: completions sampled from each step prefix")
 
 
 class ConfigTree(Protocol):

@@ -103,6 +103,10 @@ def _check_vllm(cfg: ConfigTree) -> None:
            f"rollout.vllm_cpu_threads must be >= 0 (0 = as is), got {r.vllm_cpu_threads}")
     _check(r.vllm_enforce_eager in (False, True, "auto"),
            f"rollout.vllm_enforce_eager must be true, false or auto, got {r.vllm_enforce_eager!r}")
+    longest = r.max_prompt_length + r.max_completion_length
+    _check(r.vllm_max_model_length is None or r.vllm_max_model_length >= longest,
+           f"rollout.vllm_max_model_length={r.vllm_max_model_length} is shorter than max_prompt_length + "
+           f"max_completion_length = {longest}: raise it, or null for exactly that")
     if r.backend != "vllm":
         return
     _check(r.reuse_activations is not True, "rollout.reuse_activations=true needs grpokit's own sampler, "
@@ -296,6 +300,9 @@ def _check_optim_and_run(cfg: ConfigTree) -> None:
     _check(not (run.resume and run.overwrite), "run.resume and run.overwrite conflict: --resume continues "
            "the run in output_dir, --overwrite deletes it; pass only one")
     _check(run.max_bad_steps >= 1, f"run.max_bad_steps must be >= 1, got {run.max_bad_steps}")
+    _check(run.ddp_bucket_cap_mb >= 1, f"run.ddp_bucket_cap_mb must be >= 1 MiB, got {run.ddp_bucket_cap_mb}")
+    _check(run.data_seed is None or run.data_seed >= 0, f"run.data_seed must be >= 0 or null (run.seed), "
+           f"got {run.data_seed}")
 
 
 def _check_reward_model_task(cfg: ConfigTree) -> None:

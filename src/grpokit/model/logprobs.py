@@ -24,9 +24,19 @@ from torch.utils.checkpoint import checkpoint
 from grpokit.model import speedups
 from grpokit.model.precision import autocast_for, head_dtype
 
-# Architectures whose decoder takes a transformers DynamicCache with the usual (ids, mask, positions).
-CACHE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "olmo", "olmo2", "granite",
-                     "smollm3")
+# Architectures whose decoder takes a transformers DynamicCache with the usual (ids, mask, positions):
+# each is in tests/model/test_architectures.py (sampled log-probs = a full forward, shared prompts = one row
+# at a time, greedy = model.generate). Not here, as their caches are not a DynamicCache of attention layers:
+# the hybrid linear-attention / Mamba models (jamba, bamba, granitemoehybrid, qwen3_next, falcon_h1, zamba2)
+# and MiniMax; they sample with model.generate (single-turn only).
+CACHE_MODEL_TYPES = (
+    "llama", "qwen2", "qwen3", "mistral", "ministral", "gemma", "gemma2", "gemma3_text", "phi", "phi3",
+    "olmo", "olmo2", "granite", "smollm3", "cohere", "cohere2", "glm", "glm4", "starcoder2", "stablelm",
+    "gpt_neox", "falcon", "exaone4", "ernie4_5", "hunyuan_v1_dense", "seed_oss", "apertus", "arcee", "helium",
+    "nemotron", "lfm2",
+    # mixture of experts
+    "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "gpt_oss", "granitemoe", "phimoe", "glm4_moe",
+    "ernie4_5_moe", "hunyuan_v1_moe")
 # Configs whose lm-head output is not plain `hidden @ W.T (+ b)`; they take the generic path.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 # Under autograd the lm-head keeps each chunk's probabilities for backward when V <= this x H, or when

@@ -93,3 +93,40 @@ def bench_prompts(n: int) -> list[str]:
 def digit_reward(completions: list[str], **_) -> list[float]:
     """Trivial reward: the fraction of characters that are digits (varies within a group)."""
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+# sizes every family's config takes; the families' own extras below (experts, sliding windows, MLA)
+FAMILY_SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    intermediate_size=128, max_position_embeddings=256, head_dim=16, bos_token_id=None,
+                    tie_word_embeddings=False)
+EXPERTS = dict(num_experts=4, num_local_experts=4, num_experts_per_tok=2)
+FAMILY_EXTRA = {
+    "qwen3_moe": dict(moe_intermediate_size=32, decoder_sparse_step=1),
+    "qwen2_moe": dict(moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    "glm4_moe": dict(n_routed_experts=4, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+                     topk_group=1),
+    "gpt_oss": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    "gemma2": dict(sliding_window=8, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                   query_pre_attn_scalar=16),
+    "gemma3_text": dict(sliding_window=8, final_logit_softcapping=30.0, query_pre_attn_scalar=16,
+                        layer_types=["sliding_attention", "full_attention"]),
+}
+NO_HEAD_DIM = ("falcon",)          # its head_dim is derived (a read-only property)
+MOE_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "gpt_oss", "granitemoe", "phimoe", "glm4_moe",
+             "ernie4_5_moe", "hunyuan_v1_moe")
+
+
+def family_model(model_type: str, vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int = 0,
+                 **sizes):
+    """A random-init 2-layer model of any family transformers ships, by its model_type (float32, eval
+    mode), for the decode-loop matrix (tests/model/test_architectures.py) and benchmarks."""
+    from transformers import AutoConfig
+
+    sizes = {k: v for k, v in {**FAMILY_SIZES, **sizes}.items()
+             if not (k == "head_dim" and model_type in NO_HEAD_DIM)}       # sizes: FAMILY_SIZES' keys
+    extra = {**(EXPERTS if model_type in MOE_TYPES else {}), **FAMILY_EXTRA.get(model_type, {})}
+    cfg = AutoConfig.for_model(model_type, vocab_size=vocab_size, eos_token_id=eos_token_id,
+                               pad_token_id=pad_token_id, **sizes, **extra)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(cfg).eval()

@@ -87,6 +87,11 @@ def completions_table(entries: list[dict[str, Any]]) -> tuple[list[str], list[li
     return cols, rows
 
 
+def run_name(out_dir: Path, config: dict[str, Any]) -> str:
+    """The trackers' name for the run: run.run_name (TRL's run_name), else the output folder's name."""
+    return str(config.get("run", {}).get("run_name") or out_dir.name)
+
+
 class TensorBoardLogger:
     """Scalars and text in out_dir/tensorboard (torch's SummaryWriter; needs the tensorboard package)."""
 
@@ -120,8 +125,9 @@ class WandbLogger:
         self.wandb = wandb
         id_file = out_dir / "wandb_run_id"  # resume the same wandb run when the training run resumes
         run_id = id_file.read_text().strip() if start_step and id_file.exists() else None
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "grpokit"), name=out_dir.name,
-                              config=config, dir=str(out_dir), id=run_id, resume="allow" if run_id else None)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "grpokit"),
+                              name=run_name(out_dir, config), config=config, dir=str(out_dir), id=run_id,
+                              resume="allow" if run_id else None)
         if getattr(self.run, "id", None):
             id_file.write_text(str(self.run.id))
 
@@ -150,7 +156,7 @@ class MlflowLogger:
             if mlflow.get_experiment_by_name(name) is None:
                 mlflow.create_experiment(name, artifact_location=(out_dir / "mlartifacts").resolve().as_uri())
         mlflow.set_experiment(name)
-        mlflow.start_run(run_name=out_dir.name)
+        mlflow.start_run(run_name=run_name(out_dir, config))
         if not start_step:
             flat = {f"{s}.{k}": v for s, sec in config.items() if isinstance(sec, dict)
                     for k, v in sec.items()}
@@ -173,8 +179,8 @@ class TrackioLogger:
         import trackio
 
         self.trackio = trackio
-        trackio.init(project=os.environ.get("TRACKIO_PROJECT", "grpokit"), name=out_dir.name, config=config,
-                     resume="allow" if start_step else "never")
+        trackio.init(project=os.environ.get("TRACKIO_PROJECT", "grpokit"), name=run_name(out_dir, config),
+                     config=config, resume="allow" if start_step else "never")
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.trackio.log(values, step=step)

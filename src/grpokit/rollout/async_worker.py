@@ -154,7 +154,7 @@ def sample_batch(model: torch.nn.Module, tokenizer, prompts: list, kw: dict[str,
         with torch.no_grad(), autocast_for(model):
             lp = per_token_logprobs(model, rollout.input_ids, rollout.attention_mask,
                                     rollout.completion_ids.shape[1], temperature=kw.get("temperature", 1.0))
-        rollout.sampling_logprobs = lp.float() * rollout.completion_mask
+        return dataclasses.replace(rollout, sampling_logprobs=lp.float() * rollout.completion_mask)
     return rollout
 
 

@@ -1,11 +1,8 @@
-"""[A] Group sampling: G completions per prompt, and the `Rollout` contract between sampling and update.
+"""[A] Group sampling: G completions per prompt, as a `Rollout` (the contract: grpokit.rollout.contract).
 
-Nothing downstream of a Rollout touches the sampler or re-tokenizes text: the completion token ids
-are kept exactly as generated. Two masks mean two things: `completion_mask`, what the model attends to
-(every real completion token), and `loss_mask`, what the loss trains (the tokens the policy sampled). In
-a single-turn rollout they are the same tensor; a multi-turn rollout (tools, environments:
-`grpokit.rollout.turns`) also has the environment's tokens between model turns, attended and never
-trained, and a `Trajectory` per row (`grpokit.rollout.trajectory`) with its turns and tool calls.
+Prompts are rendered (chat template, tools), encoded and left-padded here; the decode loop is
+grpokit's sampler (`grpokit.rollout.sampler`) or `model.generate`; the ids it returns are laid out by
+`assemble_rollout`, the one constructor every source of rollouts shares.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,116 +17,12 @@ import torch
 from grpokit.model.loading import eval_mode
 from grpokit.rewards.scoring import RewardBatch
 from grpokit.rollout import sampler
-from grpokit.rollout.trajectory import Trajectory
+from grpokit.rollout.contract import Rollout, assemble_rollout, concat_rollouts, row_ends
 from grpokit.rollout.tree import TreeSpec
 from grpokit.rollout.turns import TurnDriver, turn_masks
 
 log = logging.getLogger("grpokit")
 prompt_log = logging.getLogger("grpokit.prompts")  # over-long prompts; evaluation reports them once itself
-
-
-@dataclass
-class Rollout:
-    """One generation batch: N = B * G completions, the G of each prompt contiguous.
-
-    Shapes: P = longest prompt (left-padded), T = longest completion (right-padded).
-    """
-
-    prompt_ids: torch.Tensor          # [N, P] long, left-padded with pad_token_id
-    prompt_mask: torch.Tensor         # [N, P] long, 1 on real prompt tokens
-    completion_ids: torch.Tensor      # [N, T] long, as sampled (and inserted); pad after the end
-    completion_mask: torch.Tensor     # [N, T] long, attention: 1 up to and including the first EOS (one
-                                      # turn) / the last token of the trajectory (several turns)
-    group_ids: torch.Tensor           # [N] long, index of the prompt (0..B-1) each row answers
-    completions: list[Any]            # N decoded texts (special tokens skipped); chat multi-turn: messages
-    prompts: list[Any]                # N prompts (text or chat messages), each repeated G times
-    truncated: torch.Tensor           # [N] bool, no EOS within max_new_tokens
-    group_size: int                   # G
-    # [N, T] each sampled token's log-prob as the sampler reports it: grpokit's decode loop, under the
-    # temperature-scaled full distribution (the trainer's own pi_old); vLLM, after its top-k / top-p as
-    # well ("processed"), the same thing only when top_p = 1 and top_k = 0 (docs/vllm.md)
-    sampling_logprobs: torch.Tensor | None = None
-    # [N, T] long, 1 on the tokens the policy sampled, 0 on environment tokens and padding; None: every
-    # completion token was sampled (one turn: the same as completion_mask)
-    model_mask: torch.Tensor | None = None
-    trajectories: list[Trajectory] | None = None  # N records (turns, tool calls, stop); None: one turn
-    policy_lag: int = 0   # rollout.async: policy versions between the sampling weights and the trainer's
-
-    @property
-    def loss_mask(self) -> torch.Tensor:
-        """[N, T] the tokens the loss trains: the policy's own (environment tokens are attended only)."""
-        return self.completion_mask if self.model_mask is None else self.model_mask
-
-    @property
-    def input_ids(self) -> torch.Tensor:
-        """[N, P + T] prompt then completion, the layout `per_token_logprobs` takes."""
-        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
-
-    @property
-    def attention_mask(self) -> torch.Tensor:
-        """[N, P + T]: prompt mask then completion mask."""
-        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
-
-    @property
-    def completion_lengths(self) -> torch.Tensor:
-        """[N] valid tokens per completion (EOS included)."""
-        return self.completion_mask.sum(-1)
-
-    def to(self, device: torch.device | str | None) -> Rollout:
-        """The same rollout with its tensors on `device` (itself when they are there already, or None):
-        rollouts built on the CPU (a vLLM server's samples, a rollout_func's ids) meet a CUDA policy."""
-        fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group_ids", "truncated",
-                  "sampling_logprobs", "model_mask")
-        tensors = {f: getattr(self, f) for f in fields if getattr(self, f) is not None}
-        if device is None or all(t.device == torch.device(device) for t in tensors.values()):
-            return self
-        return dataclasses.replace(self, **{f: t.to(device) for f, t in tensors.items()})
-
-    def select(self, rows: torch.Tensor | Sequence[int]) -> Rollout:
-        """A Rollout of the given rows (whole groups, in order), e.g. for dynamic sampling."""
-        idx = torch.as_tensor(rows, dtype=torch.long)
-        pick = idx.tolist()
-        lp = None if self.sampling_logprobs is None else self.sampling_logprobs[idx]
-        model = None if self.model_mask is None else self.model_mask[idx]
-        trajectories = None if self.trajectories is None else [self.trajectories[i] for i in pick]
-        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
-                       self.completion_mask[idx], self.group_ids[idx], [self.completions[i] for i in pick],
-                       [self.prompts[i] for i in pick], self.truncated[idx], self.group_size, lp, model,
-                       trajectories, self.policy_lag)
-
-
-def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
-    """Stack rollouts (prompts re-padded on the left, completions on the right); group ids renumbered."""
-    P = max(r.prompt_ids.shape[1] for r in parts)
-    T = max(r.completion_ids.shape[1] for r in parts)
-
-    def lpad(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
-
-    def rpad(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-
-    group_ids, offset = [], 0
-    for r in parts:
-        group_ids.append(r.group_ids - r.group_ids.min() + offset if r.group_ids.numel() else r.group_ids)
-        offset += int(r.group_ids.numel() // r.group_size)
-    has_lp = all(r.sampling_logprobs is not None for r in parts)
-    turns = any(r.model_mask is not None for r in parts)
-    return Rollout(
-        prompt_ids=torch.cat([lpad(r.prompt_ids, P, pad_token_id) for r in parts]),
-        prompt_mask=torch.cat([lpad(r.prompt_mask, P, 0) for r in parts]),
-        completion_ids=torch.cat([rpad(r.completion_ids, T, pad_token_id) for r in parts]),
-        completion_mask=torch.cat([rpad(r.completion_mask, T, 0) for r in parts]),
-        group_ids=torch.cat(group_ids),
-        completions=[c for r in parts for c in r.completions],
-        prompts=[p for r in parts for p in r.prompts],
-        truncated=torch.cat([r.truncated for r in parts]),
-        group_size=parts[0].group_size,
-        sampling_logprobs=torch.cat([rpad(r.sampling_logprobs, T, 0.0) for r in parts]) if has_lp else None,
-        model_mask=torch.cat([rpad(r.loss_mask, T, 0) for r in parts]) if turns else None,
-        trajectories=[t for r in parts for t in (r.trajectories or [Trajectory()] * len(r.prompts))]
-        if turns else None,
-    )
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -145,14 +37,9 @@ def completion_mask_from_ids(completion_ids: torch.Tensor,
                              eos_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask covering tokens up to and including the first EOS; and whether each row has no EOS.
 
-    Returns: (mask [N, T] long, truncated [N] bool).
+    Returns: (mask [N, T] long, truncated [N] bool) (`row_ends` for rows of the full width).
     """
-    T = completion_ids.shape[1]
-    is_eos = torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device))
-    has_eos = is_eos.any(-1)                                              # [N]
-    first = torch.where(has_eos, is_eos.int().argmax(-1), torch.full_like(has_eos, T, dtype=torch.long))
-    mask = (torch.arange(T, device=completion_ids.device)[None, :] <= first[:, None]).long()
-    return mask, ~has_eos
+    return row_ends(completion_ids, eos_ids, None, cut_at_eos=True)
 
 
 class PromptTooLongError(ValueError):
@@ -316,17 +203,9 @@ def sample_groups(
     if driver is not None:
         return turns_rollout(tokenizer, prompts, prompt_ids, prompt_mask, group_size, completion_ids,
                              _pad_cat(logps, T, 0), driver, eos_ids)
-    mask, truncated = completion_mask_from_ids(completion_ids, eos_ids)
-    completion_ids = torch.where(mask.bool(), completion_ids,
-                                 torch.full_like(completion_ids, tokenizer.pad_token_id))
-    sampling_logprobs = _pad_cat(logps, T, 0) * mask if use_fast else None        # [N, T]
-    texts_out = tokenizer.batch_decode(completion_ids.tolist(), skip_special_tokens=True)
-    rep = prompt_ids.repeat_interleave(group_size, 0), prompt_mask.repeat_interleave(group_size, 0)
-    texts_in = [p for p in prompts for _ in range(group_size)]
-    return Rollout(prompt_ids=rep[0], prompt_mask=rep[1], completion_ids=completion_ids, completion_mask=mask,
-                   group_ids=torch.arange(B, device=device).repeat_interleave(group_size),
-                   completions=texts_out, prompts=texts_in, truncated=truncated, group_size=group_size,
-                   sampling_logprobs=sampling_logprobs)
+    return assemble_rollout(tokenizer=tokenizer, prompts=prompts, prompt_ids=prompt_ids,
+                            prompt_mask=prompt_mask, completion_ids=completion_ids, group_size=group_size,
+                            eos_ids=eos_ids, sampling_logprobs=_pad_cat(logps, T, 0) if use_fast else None)
 
 
 def _decode_chunks(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
@@ -354,8 +233,9 @@ def _begin_turns(model, backend: str, use_fast: bool, driver: TurnDriver, prompt
     """Multi-turn: grpokit's sampler is required; the driver gets each row's prompt ids."""
     if not use_fast:
         raise ValueError(f"tool calling needs grpokit's sampler, which does not cover this architecture "
-                         f"({getattr(model.config, 'model_type', '?')}) or rollout.backend={backend}: "
-                         f"use a model of {', '.join(sampler.FAST_MODEL_TYPES)} and rollout.backend=auto")
+                         f"({getattr(model.config, 'model_type', '?')}) or rollout.backend={backend}: use "
+                         f"rollout.backend=auto and one of the {len(sampler.FAST_MODEL_TYPES)} architectures "
+                         "of grpokit.model.logprobs.CACHE_MODEL_TYPES (hybrid linear-attention ones are not)")
     rows = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask)]
     driver.begin([r for r in rows for _ in range(group_size)])
 
@@ -365,21 +245,14 @@ def turns_rollout(tokenizer, prompts: Sequence[Any], prompt_ids: torch.Tensor, p
                   eos_ids: list[int]) -> Rollout:
     """The Rollout of a multi-turn decode (grpokit's sampler or an engine's, grpokit.rollout.vllm_turns):
     completion_ids and logps [N, T]; masks and ends from the driver's trajectories."""
-    N, T = completion_ids.shape
-    mask, model = turn_masks(driver.trajectories, driver.lengths, T, completion_ids.device)    # [N, T] each
-    completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids,
-                                                                              tokenizer.pad_token_id))
-    ends = (torch.tensor(driver.lengths, device=mask.device) - 1).clamp(min=0)[:, None]   # [N, 1]
-    truncated = ~torch.isin(completion_ids.gather(1, ends)[:, 0],
-                            torch.tensor(eos_ids, device=mask.device))              # [N] no EOS at the end
-    rows = [p for p in prompts for _ in range(group_size)]
-    texts = tokenizer.batch_decode(completion_ids.tolist(), skip_special_tokens=True)
-    completions = [traj.messages() if isinstance(p, list) else text
-                   for p, traj, text in zip(rows, driver.trajectories, texts)]
-    B = prompt_ids.shape[0]
-    return Rollout(prompt_ids=prompt_ids.repeat_interleave(group_size, 0),
-                   prompt_mask=prompt_mask.repeat_interleave(group_size, 0), completion_ids=completion_ids,
-                   completion_mask=mask,
-                   group_ids=torch.arange(B, device=mask.device).repeat_interleave(group_size),
-                   completions=completions, prompts=rows, truncated=truncated, group_size=group_size,
-                   sampling_logprobs=logps * model, model_mask=model, trajectories=driver.trajectories)
+    T = completion_ids.shape[1]
+    _, model = turn_masks(driver.trajectories, driver.lengths, T, completion_ids.device)    # [N, T]
+    rollout = assemble_rollout(tokenizer=tokenizer, prompts=prompts, prompt_ids=prompt_ids,
+                               prompt_mask=prompt_mask, completion_ids=completion_ids, group_size=group_size,
+                               eos_ids=eos_ids, lengths=driver.lengths, cut_at_eos=False,
+                               sampling_logprobs=logps, model_mask=model, trajectories=driver.trajectories)
+    if not any(isinstance(p, list) for p in prompts):
+        return rollout
+    chat = [traj.messages() if isinstance(p, list) else text          # a chat row's completion: messages
+            for p, traj, text in zip(rollout.prompts, driver.trajectories, rollout.completions)]
+    return dataclasses.replace(rollout, completions=chat)

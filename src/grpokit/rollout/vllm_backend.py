@@ -48,9 +48,9 @@ import torch
 from safetensors.torch import save, save_file
 
 from grpokit.model.precision import compute_dtype
+from grpokit.rollout.contract import assemble_rollout, pad_rows
 from grpokit.rollout.groups import (
     Rollout,
-    completion_mask_from_ids,
     eos_token_ids,
     render_prompts,
     turns_rollout,
@@ -185,26 +185,13 @@ def rollout_from_samples(tokenizer, prompts: Sequence[Any], prompt_ids: torch.Te
     if any(len(g) != group_size for g in samples) or len(samples) != len(prompts):
         raise ValueError(f"the engine returned {[len(g) for g in samples]} samples for {len(prompts)} "
                          f"prompts; expected {group_size} each")
-    pad = tokenizer.pad_token_id
     T = max(1, max(len(s.token_ids) for s in flat))
-    ids = torch.full((len(flat), T), pad, dtype=torch.long)                          # [N, T]
-    lps = torch.zeros(len(flat), T)                                                  # [N, T]
-    for i, s in enumerate(flat):
-        ids[i, :len(s.token_ids)] = torch.tensor(s.token_ids, dtype=torch.long)
-        lps[i, :len(s.logprobs)] = torch.tensor(s.logprobs, dtype=torch.float32)
-    mask, truncated = completion_mask_from_ids(ids, eos_ids)
-    lengths = torch.tensor([len(s.token_ids) for s in flat])
-    mask = mask * (torch.arange(T)[None, :] < lengths[:, None]).long()    # never past a sample's own end
-    ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad))
-    device = prompt_ids.device
-    return Rollout(
-        prompt_ids=prompt_ids.repeat_interleave(group_size, 0),
-        prompt_mask=prompt_mask.repeat_interleave(group_size, 0),
-        completion_ids=ids.to(device), completion_mask=mask.to(device),
-        group_ids=torch.arange(len(prompts), device=device).repeat_interleave(group_size),
-        completions=tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True),
-        prompts=[p for p in prompts for _ in range(group_size)], truncated=truncated.to(device),
-        group_size=group_size, sampling_logprobs=(lps * mask).to(device))
+    return assemble_rollout(tokenizer=tokenizer, prompts=prompts, prompt_ids=prompt_ids,
+                            prompt_mask=prompt_mask, group_size=group_size, eos_ids=eos_ids,
+                            completion_ids=pad_rows([s.token_ids for s in flat], T, tokenizer.pad_token_id),
+                            lengths=[len(s.token_ids) for s in flat],
+                            sampling_logprobs=pad_rows([s.logprobs for s in flat], T, 0.0,
+                                                       dtype=torch.float32))
 
 
 class VLLMRollouts:
@@ -267,9 +254,8 @@ class VLLMRollouts:
             self.engine.sleep()
         device = next(state.model.parameters()).device
         T = max(1, max(len(row) for row in ids))
-        pad = state.tokenizer.pad_token_id
-        completion_ids = torch.tensor([row + [pad] * (T - len(row)) for row in ids], device=device)  # [N, T]
-        logps = torch.tensor([row + [0.0] * (T - len(row)) for row in lps], device=device)          # [N, T]
+        completion_ids = pad_rows(ids, T, state.tokenizer.pad_token_id).to(device)            # [N, T]
+        logps = pad_rows(lps, T, 0.0, dtype=torch.float32).to(device)                         # [N, T]
         return turns_rollout(state.tokenizer, prompts, p_ids.to(device), p_mask.to(device), group_size,
                              completion_ids, logps, driver, list(spec.stop_token_ids))
 
@@ -295,8 +281,9 @@ def build_rollouts(state: Any) -> VLLMRollouts:
     require_vllm()
     with tempfile.TemporaryDirectory(prefix="grpokit-vllm-") as folder:   # vLLM starts from a plain HF folder
         save_plain_folder(state.model, state.tokenizer, Path(folder))
+        context = r.vllm_max_model_length or r.max_prompt_length + r.max_completion_length
         engine = VLLMEngine(folder, dtype=engine_dtype(state.model, m.dtype), seed=state.cfg.run.seed,
-                            max_model_len=r.max_prompt_length + r.max_completion_length,
+                            max_model_len=context, sleep_mode=r.vllm_enable_sleep_mode,
                             gpu_memory_utilization=r.vllm_gpu_memory_utilization,
                             kv_cache_gib=r.vllm_kv_cache_gib, cpu_threads=r.vllm_cpu_threads,
                             enforce_eager=r.vllm_enforce_eager, launched_ranks=state.dist.enabled)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpokit.rollout.groups import Rollout
+from grpokit.rollout.contract import Rollout, assemble_rollout, pad_rows
 from grpokit.search.common import Completion
 from grpokit.search.decode import Decoder
 from grpokit.search.mcts import C_UCT, Node, back_up, select_leaf
@@ -162,25 +162,17 @@ def to_rollout(decoder: Decoder, prompts: Sequence, searches: Sequence[GroupSear
     G, pad = group_size, decoder.tokenizer.pad_token_id
     rows = [s.visits[j] if j < len(s.visits) else None for s in searches for j in range(G)]
     T = max([len(v.ids) for v in rows if v is not None], default=0) or 1
-    ids = torch.full((len(rows), T), pad, dtype=torch.long)                          # [N, T]
-    mask = torch.zeros(len(rows), T, dtype=torch.long)                               # [N, T]
-    logps = torch.zeros(len(rows), T)                                                # [N, T]
-    for i, v in enumerate(rows):
-        if v is not None:
-            ids[i, :len(v.ids)] = torch.tensor(v.ids, dtype=torch.long)
-            mask[i, :len(v.ids)] = 1
-            logps[i, :len(v.ids)] = torch.tensor(v.logprobs, dtype=torch.float32)
     P = max(len(s.head) for s in searches)
-    heads = torch.tensor([[pad] * (P - len(s.head)) + s.head for s in searches], dtype=torch.long)
-    head_mask = torch.tensor([[0] * (P - len(s.head)) + [1] * len(s.head) for s in searches])
-    texts = ["" if v is None else decoder.tokenizer.decode(v.ids, skip_special_tokens=True) for v in rows]
-    return Rollout(prompt_ids=heads.repeat_interleave(G, 0).to(device),
-                   prompt_mask=head_mask.repeat_interleave(G, 0).to(device),
-                   completion_ids=ids.to(device), completion_mask=mask.to(device),
-                   group_ids=torch.arange(len(searches), device=device).repeat_interleave(G),
-                   completions=texts, prompts=[p for p in prompts for _ in range(G)],
-                   truncated=torch.tensor([v is None or not v.ended for v in rows], device=device),
-                   group_size=G, sampling_logprobs=logps.to(device))
+    return assemble_rollout(
+        tokenizer=decoder.tokenizer, prompts=prompts, group_size=G, eos_ids=decoder.eos_ids,
+        prompt_ids=pad_rows([s.head for s in searches], P, pad, left=True),
+        prompt_mask=pad_rows([[1] * len(s.head) for s in searches], P, 0, left=True),
+        completion_ids=pad_rows([[] if v is None else v.ids for v in rows], T, pad),
+        lengths=[0 if v is None else len(v.ids) for v in rows], cut_at_eos=False,
+        sampling_logprobs=pad_rows([[] if v is None else v.logprobs for v in rows], T, 0.0,
+                                   dtype=torch.float32),
+        completions=["" if v is None else decoder.tokenizer.decode(v.ids, skip_special_tokens=True)
+                     for v in rows], device=device)
 
 
 def mcts_sample(decoder: Decoder, prompts: Sequence, spec: MctsSpec, value: Value,

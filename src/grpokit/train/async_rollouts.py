@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -116,9 +117,8 @@ class AsyncRollouts:
                                    f"from the trainer's (rollout.async.max_staleness={self.K})")
         del self.pending[v]
         self._forget_old_weights()
-        item.rollout.policy_lag = lag
         ready = sum(p.rollout is not None for p in self.pending.values())
-        return item.rollout, item.examples, {
+        return dataclasses.replace(item.rollout, policy_lag=lag), item.examples, {
             "async/policy_lag": float(lag), "async/wait_s": waited, "async/worker_generate_s": item.seconds,
             "async/queued_batches": float(ready), "async/dropped_groups": 0.0,
             "async/worker_restarts": float(self.restarts)}

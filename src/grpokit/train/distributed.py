@@ -10,10 +10,8 @@ How one step of B prompts x G completions is split over W ranks:
 
     data     every rank walks the same seeded prompt order; of each draw of B prompts, rank r keeps
              prompts [r*B/W, (r+1)*B/W). Groups are therefore whole on one rank, so a group's mean and
-             std are local and exact, and no reward crosses ranks for them. (The other option,
-             all-gathering rewards before group statistics, moves N floats per step for nothing when no
-             group straddles ranks.) Only scale_rewards=batch needs a batch statistic: for it the
-             rewards are all-gathered, advantages computed on the whole batch, each rank keeps its rows.
+             std are local and exact (docs/scaling.md). Only scale_rewards=batch needs a batch statistic:
+             the rewards are all-gathered, advantages computed on the whole batch, each keeps its rows.
     loss     the normalizers are global: N_seq = sum_r N_r, N_tok = sum_r N_tok,r (dapo), and the
              micro-batch count (bnpo). Rank r's loss L_r = sum_{rows of r} (...) / N_global, so
              sum_r L_r is the one-process loss. DDP (and FSDP) average gradients, (1/W) sum_r grad L'_r,
@@ -58,11 +56,8 @@ PATIENT_TIMEOUT = datetime.timedelta(hours=24)
 
 
 class LogprobsForward(torch.nn.Module):
-    """The policy's per-token log-probs as one `forward`, so DDP / FSDP hooks see the whole computation.
-
-    `per_token_logprobs` calls the decoder and the lm-head weight directly (chunked head); wrapping it in
-    a module makes that one forward call of the wrapper, which is what DDP and FSDP instrument.
-    """
+    """The policy's per-token log-probs as one `forward`, so DDP / FSDP hooks see the whole computation
+    (`per_token_logprobs` calls the decoder and the lm-head weight directly: the chunked head)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
@@ -84,23 +79,29 @@ class Distributed:
     backend: str | None = None
     fsdp: bool = False
     owns_group: bool = False           # from_env opened the process group (close() ends it)
+    ddp_options: dict[str, Any] = field(default_factory=dict)   # DistributedDataParallel keywords: run.ddp_*
     _wrappers: dict[int, torch.nn.Module] = field(default_factory=dict, repr=False)
     _patient: Any = field(default=None, repr=False)   # gloo group for `on_main(patient=True)`, made once
 
     @classmethod
-    def from_env(cls, fsdp: bool = False, env: dict[str, str] | None = None,
-                 device: str = "auto", timeout_s: float = 1800) -> "Distributed":
-        """Read the launcher's environment and open the process group when WORLD_SIZE > 1.
+    def for_run(cls, run: Any, device: str = "auto") -> "Distributed":
+        """`from_env` with run.fsdp, run.ddp_timeout_s, run.ddp_backend and the run.ddp_* keywords."""
+        keys = ("find_unused_parameters", "bucket_cap_mb", "broadcast_buffers", "static_graph")
+        return cls.from_env(run.fsdp, device=device, timeout_s=run.ddp_timeout_s, backend=run.ddp_backend,
+                            ddp_options={k: getattr(run, f"ddp_{k}") for k in keys})
 
-        device: model.device, whose kind picks the backend (NCCL for CUDA, gloo otherwise); on CUDA each
-        rank's current device is cuda:LOCAL_RANK. timeout_s: run.ddp_timeout_s.
-        """
+    @classmethod
+    def from_env(cls, fsdp: bool = False, env: dict[str, str] | None = None, device: str = "auto",
+                 timeout_s: float = 1800, backend: str = "auto",
+                 ddp_options: dict[str, Any] | None = None) -> "Distributed":
+        """The ranks torchrun / accelerate launched (one process: a no-op). device: model.device, whose kind
+        picks an auto backend (NCCL for CUDA, else gloo); on CUDA each rank computes on cuda:LOCAL_RANK."""
         env = dict(os.environ if env is None else env)
         rank, local, world = launcher_ranks(env)
         if world <= 1:
             return cls(fsdp=False)
         where = resolve_device(device, env=env)
-        backend = backend_for(where)
+        backend = backend_for(where) if backend == "auto" else backend
         if where.type == "cuda":
             torch.cuda.set_device(where)
         opened = not tdist.is_initialized()
@@ -109,7 +110,7 @@ class Distributed:
                                      timeout=datetime.timedelta(seconds=timeout_s))
         log.info("distributed: rank %d of %d computes on %s, backend %s", rank, world, where, backend)
         return cls(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local,
-                   backend=backend, fsdp=fsdp, owns_group=opened)
+                   backend=backend, fsdp=fsdp, owns_group=opened, ddp_options=dict(ddp_options or {}))
 
     @property
     def enabled(self) -> bool:
@@ -148,8 +149,7 @@ class Distributed:
 
     # ---- collectives (identity for one process) --------------------------------------------------
     def barrier(self) -> None:
-        if self.enabled:
-            tdist.barrier()
+        tdist.barrier() if self.enabled else None
 
     def _device(self) -> torch.device:
         return (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
@@ -257,7 +257,7 @@ class Distributed:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.local_rank] if self.backend == "nccl" else None
-            wrapper = DistributedDataParallel(wrapper, device_ids=ids)
+            wrapper = DistributedDataParallel(wrapper, device_ids=ids, **self.ddp_options)
         else:
             return model                 # a frozen replica needs no wrapper under DDP
         self._wrappers[id(model)] = wrapper

@@ -20,7 +20,7 @@ from grpokit.agents.agent import agent_from_config
 from grpokit.config.schema import GRPOConfig
 from grpokit.model.devices import place_model, resolve_device
 from grpokit.model.loading import load_model_and_tokenizer, without_hub_kernels
-from grpokit.model.lora import reference_for
+from grpokit.model.lora import reference_for, wrap_lora
 from grpokit.model.precision import apply_precision, reference_storage
 from grpokit.observe.loggers import build_loggers, resolve_report_to
 from grpokit.observe.metrics import MetricsWriter, PhaseTimer, finish_step_row, format_console
@@ -65,7 +65,7 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     rollout.environment (no tools: single-turn sampling); its environments' get_reward() join the rewards.
     """
     if dist is None:  # torchrun / accelerate launch: N ranks; else a no-op
-        dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device, timeout_s=cfg.run.ddp_timeout_s)
+        dist = Distributed.for_run(cfg.run, device=cfg.model.device)
     dist.check(cfg.rollout.prompts_per_step, cfg.loss.algorithm)
     check_ranks(cfg, dist.world_size)                        # steps_per_generation: checkpoints on ranks
     torch.manual_seed(cfg.run.seed)
@@ -74,6 +74,8 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
     else:  # a model passed in ends on this rank's device too (grpokit.model.devices)
         model = place_model(model, resolve_device(cfg.model.device), what="the policy")
         without_hub_kernels(model)                           # its layers keep their PyTorch forwards
+        if cfg.model.lora_r > 0 and not hasattr(model, "peft_config"):   # model.lora_* apply to it too
+            model = wrap_lora(model, cfg.model)
     # fp32, or bf16 compute on fp32 master weights (logged)
     apply_precision(model, cfg)
     # beta = 0: no reference at all; LoRA: the base with adapters disabled (no copy of the weights)
@@ -108,7 +110,7 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
         raise TaskError("no reward: name reward.funcs, or use an environment that defines get_reward()")
     # Algorithm 1: trains the rm: reward in place
     loop = RewardLoop(cfg, funcs, dist.rank, dist.world_size) if cfg.run.iterations else None
-    stream = dist.shard_stream(PromptStream(train, cfg.run.seed, shuffle=cfg.task.shuffle))
+    stream = dist.shard_stream(PromptStream(train, _data_seed(cfg.run), shuffle=cfg.task.shuffle))
     # rollout.async: a worker process samples ahead (started at the first step, after any resume)
     worker = AsyncRollouts(cfg) if cfg.rollout.async_max_staleness is not None else None
     return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs, stream, evals, critic=critic,
@@ -130,9 +132,11 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     resolve_report_to(cfg.run.report_to)  # a missing tracker package fails now, not after loading the model
     check_environment(cfg)                 # the device and optional packages too (grpokit.train.preflight)
     # several ranks: only rank 0 writes, evaluates and saves
-    dist = Distributed.from_env(cfg.run.fsdp, device=cfg.model.device, timeout_s=cfg.run.ddp_timeout_s)
+    dist = Distributed.for_run(cfg.run, device=cfg.model.device)
     if cfg.run.full_determinism:          # TRL's full_determinism: deterministic kernels, or an error
         enable_full_determinism()
+    if cfg.run.log_level != "passive":   # TRL's log_level
+        log.setLevel(cfg.run.log_level.upper())
     if not dist.is_main:
         log.setLevel(logging.WARNING)
     # rank 0 locks run.output_dir and checks it (deleting nothing); SIGINT / SIGTERM end the run cleanly
@@ -293,3 +297,8 @@ def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:
     log.info("eval %s (step %d): %s", tag, state.step,
              " ".join(f"{k}={v:.4g}" for k, v in result.items() if isinstance(v, float)))
     return row
+
+
+def _data_seed(run) -> int:
+    """The training prompts' order: run.data_seed, else run.seed (TRL's data_seed)."""
+    return run.seed if run.data_seed is None else run.data_seed

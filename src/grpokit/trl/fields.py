@@ -105,11 +105,11 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
     "logging_nan_inf_filter": Field(True, SAME, "grpokit skips non-finite updates and counts them "
                                     "(skipped_updates, run.max_bad_steps)"),
     "include_num_input_tokens_seen": Field("no", REFUSE, "logging"),
-    "log_level": Field("passive", REFUSE, "logging"),
+    "log_level": Field("passive", MAP, "run.log_level (passive: the logger as the caller set it)"),
     "log_level_replica": Field("warning", REFUSE, "logging"),
     "disable_tqdm": Field(None, MAP, "run.progress = not disable_tqdm"),
     "report_to": Field("none", MAP, "run.report_to (tensorboard, wandb, mlflow, trackio; 'all' is refused)"),
-    "run_name": Field(None, REFUSE, "logging"),
+    "run_name": Field(None, MAP, "run.run_name (None: output_dir's folder name)"),
     "project": Field("huggingface", REFUSE, "logging"),
     "trackio_space_id": Field(None, REFUSE, "hub"),
     "trackio_bucket_id": Field(None, REFUSE, "hub"),
@@ -149,7 +149,7 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
     "restore_callback_states_from_checkpoint": Field(False, REFUSE, "save"),
     "full_determinism": Field(False, MAP, "run.full_determinism"),
     "seed": Field(42, MAP, "run.seed"),
-    "data_seed": Field(None, REFUSE, "data"),
+    "data_seed": Field(None, MAP, "run.data_seed (None: run.seed)"),
     "use_cpu": Field(False, MAP, "model.device = cpu"),
     "accelerator_config": Field(None, SAME, "grpokit has no accelerate DataLoader to configure; "
                                 "dispatch_batches=True with an IterableDataset is refused, as TRL refuses "
@@ -172,11 +172,12 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
                                      "so "
                                      "this changes nothing there either (shuffle_dataset does)"),
     "length_column_name": Field("length", SAME, "only read by group_by_length, which GRPO does not use"),
-    "ddp_find_unused_parameters": Field(None, REFUSE, "launch"),
-    "ddp_bucket_cap_mb": Field(None, REFUSE, "launch"),
-    "ddp_broadcast_buffers": Field(None, REFUSE, "launch"),
-    "ddp_static_graph": Field(None, REFUSE, "launch"),
-    "ddp_backend": Field(None, REFUSE, "launch"),
+    "ddp_find_unused_parameters": Field(None, MAP, "run.ddp_find_unused_parameters (None: false, PyTorch's "
+                                        "default)"),
+    "ddp_bucket_cap_mb": Field(None, MAP, "run.ddp_bucket_cap_mb (None: 25, PyTorch's default)"),
+    "ddp_broadcast_buffers": Field(None, MAP, "run.ddp_broadcast_buffers (None: true)"),
+    "ddp_static_graph": Field(None, MAP, "run.ddp_static_graph (None: false)"),
+    "ddp_backend": Field(None, MAP, "run.ddp_backend (None: auto, NCCL for CUDA, gloo otherwise)"),
     "ddp_timeout": Field(1800, MAP, "run.ddp_timeout_s"),
     "fsdp": Field(None, MAP, "run.fsdp = true for any FSDP setting (grpokit's FSDP2 full sharding)"),
     "fsdp_config": Field(None, REFUSE, "launch"),
@@ -230,7 +231,8 @@ _GRPO = {  # trl.GRPOConfig's own fields
     "use_vllm": Field(False, MAP, "rollout.backend = vllm"),
     "vllm_mode": Field("colocate", MAP, "rollout.vllm_mode"),
     "vllm_model_impl": Field("vllm", REFUSE, "vllm"),
-    "vllm_enable_sleep_mode": Field(False, REFUSE, "vllm"),
+    "vllm_enable_sleep_mode": Field(False, MAP, "rollout.vllm_enable_sleep_mode (grpokit's own default: "
+                                  "true)"),
     "vllm_structured_outputs_regex": Field(None, REFUSE, "vllm"),
     "vllm_server_base_url": Field(None, DERIVED, "rollout.vllm_server_base_url (None: "
                                   "http://vllm_server_host:vllm_server_port); a `grpokit vllm-serve`: "
@@ -240,7 +242,8 @@ _GRPO = {  # trl.GRPOConfig's own fields
     "vllm_server_timeout": Field(240.0, MAP, "rollout.vllm_server_timeout_s"),
     "vllm_group_port": Field(51216, REFUSE, "vllm"),
     "vllm_gpu_memory_utilization": Field(0.3, MAP, "rollout.vllm_gpu_memory_utilization"),
-    "vllm_max_model_length": Field(None, REFUSE, "vllm"),
+    "vllm_max_model_length": Field(None, MAP, "rollout.vllm_max_model_length (None: prompt + completion "
+                                 "lengths)"),
     "vllm_tensor_parallel_size": Field(1, REFUSE, "vllm"),
     "beta": Field(0.0, MAP, "loss.beta"),
     "num_iterations": Field(1, MAP, "loss.num_iterations (mu)"),

@@ -43,11 +43,17 @@ COPY = {"learning_rate": "optim.learning_rate", "weight_decay": "optim.weight_de
         "max_tool_calling_iterations": "rollout.max_tool_calling_iterations",
         "ddp_timeout": "run.ddp_timeout_s", "full_determinism": "run.full_determinism",
         "vllm_server_timeout": "rollout.vllm_server_timeout_s",
+        "vllm_enable_sleep_mode": "rollout.vllm_enable_sleep_mode",
         **{name: f"loss.{name}" for name in (
             "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
             "vespo_lambda_neg", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
             "entropy_coef_max",
             "entropy_coef_delta", "entropy_target")}}
+# MAP fields copied when set: None (log_level "passive") keeps grpokit's default, which is PyTorch's
+COPY_SET = {"data_seed": "run.data_seed", "log_level": "run.log_level", "ddp_backend": "run.ddp_backend",
+            "run_name": "run.run_name", "vllm_max_model_length": "rollout.vllm_max_model_length",
+            **{f"ddp_{k}": f"run.ddp_{k}" for k in ("find_unused_parameters", "bucket_cap_mb",
+                                                   "broadcast_buffers", "static_graph")}}
 # transformers' generate options that grpokit's sampler lacks: set on the model's generation_config for
 # the run, and sampling goes through generate (rollout.backend=generate)
 GENERATE_FIELDS = ("min_p", "repetition_penalty", "cache_implementation")
@@ -333,6 +339,9 @@ def translate(args: Any, num_prompts: int | None = None, world_size: int = 1) ->
     t = Translation({})
     for name, key in COPY.items():
         _put(t, key, v[name], name)
+    for name, key in COPY_SET.items():
+        if v[name] is not None and v[name] != "passive":
+            _put(t, key, v[name], name)
     B = _batch(v, world_size, t)
     _steps(v, B, num_prompts, t)
     _objective(v, t)
