@@ -125,6 +125,9 @@ def family_model(model_type: str, vocab_size: int, eos_token_id: int, pad_token_
     sizes = {k: v for k, v in {**FAMILY_SIZES, **sizes}.items()
              if not (k == "head_dim" and model_type in NO_HEAD_DIM)}       # sizes: FAMILY_SIZES' keys
     extra = {**(EXPERTS if model_type in MOE_TYPES else {}), **FAMILY_EXTRA.get(model_type, {})}
+    if "layer_types" in extra:                   # the pattern repeated over the layers
+        n = sizes["num_hidden_layers"]
+        extra["layer_types"] = (extra["layer_types"] * n)[:n]
     cfg = AutoConfig.for_model(model_type, vocab_size=vocab_size, eos_token_id=eos_token_id,
                                pad_token_id=pad_token_id, **sizes, **extra)
     with torch.random.fork_rng(devices=[]):
