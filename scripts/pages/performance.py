@@ -298,6 +298,25 @@ MEMORY = Table(
 )
 
 
+# ---- architectures outside the lean decoder (benchmarks/arch_decode.py)
+
+def _arch_rows() -> list[dict]:
+    return [r for r in rows("arch_decode.jsonl") if r.get("summary")]
+
+
+ARCH_DECODE = Table(
+    rows=_arch_rows,
+    columns=(Column("architecture", "{model_type}"),
+             Column("grpokit's decode loop, generation tok/s", "{fast_generate_tokens_per_s:.0f}"),
+             Column("model.generate, tok/s", "{generate_generate_tokens_per_s:.0f}"),
+             Column("ratio", "{ratio_fast_over_generate:.2f}x")),
+    note="`{command}` at commit {commit} ({machine}): random-init 4-layer models (hidden 256), `grpokit "
+         "bench --model DIR --backend fast | generate {bench_args}`, the sides alternated, medians of the "
+         "generation phase's tokens/s. Raw rows: `benchmarks/results/arch_decode.jsonl`.",
+    figures=lambda found: found[0],
+)
+
+
 # ---- what each speed-up pays (benchmarks/fast_gains.py)
 
 # (the variant switched off, its key in the results, the notes per column, the decision)
@@ -312,5 +331,5 @@ BLOCKS = [
     _block("perf-panels-phases", phases(PANELS[1:4:2])), _block("perf-split", history(SPLIT)),
     _block("perf-split-phases", phases(SPLIT[:2])), _block("perf-native", history(NATIVE)),
     _block("perf-native-phases", phases(NATIVE)), _block("perf-before", history(BEFORE)),
-    _block("perf-before-phases", phases(BEFORE)),
+    _block("perf-before-phases", phases(BEFORE)), _block("arch-decode", ARCH_DECODE),
 ]
