@@ -25,17 +25,18 @@ def test_data_seed_orders_the_prompts_and_leaves_run_seed_the_rest(tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
 
 
-def test_log_level_sets_the_grpokit_logger_and_passive_leaves_it(tmp_path):
+def test_log_level_sets_the_grpokit_logger_for_the_run_and_passive_leaves_it(tmp_path):
     logger = logging.getLogger("grpokit")
     kept = logger.level
     try:
         logger.setLevel(logging.DEBUG)
+        seen = []
+        hooks = {"after_step": lambda state, metrics: seen.append(logger.level)}
         train_grpo(easy_config(tmp_path / "a", **{"run.max_steps": 1, "run.log_level": "error"}),
-                   train_examples=PROMPTS)
-        assert logger.level == logging.ERROR
-        logger.setLevel(logging.DEBUG)
-        train_grpo(easy_config(tmp_path / "b", **{"run.max_steps": 1}), train_examples=PROMPTS)
-        assert logger.level == logging.DEBUG
+                   train_examples=PROMPTS, hooks=hooks)
+        assert seen == [logging.ERROR] and logger.level == logging.DEBUG     # the caller's level again
+        train_grpo(easy_config(tmp_path / "b", **{"run.max_steps": 1}), train_examples=PROMPTS, hooks=hooks)
+        assert seen[-1] == logging.DEBUG == logger.level
     finally:
         logger.setLevel(kept)
 

@@ -127,8 +127,7 @@ class Distributed:
         return float(self.world_size)
 
     def check(self, prompts_per_step: int, algorithm: str = "grpo") -> None:
-        """A one-line error when the B prompts cannot be split evenly over the ranks, or for PPO on several
-        (its passes skip the DDP / FSDP wrappers: N ranks would train N unsynchronised replicas)."""
+        """A one-line error when the B prompts do not split evenly over the ranks, or for PPO on several."""
         if prompts_per_step % self.world_size:
             raise ConfigError(f"rollout.prompts_per_step ({prompts_per_step}) must be divisible by the "
                               f"number of ranks ({self.world_size}): each rank takes whole groups")
@@ -149,7 +148,8 @@ class Distributed:
 
     # ---- collectives (identity for one process) --------------------------------------------------
     def barrier(self) -> None:
-        tdist.barrier() if self.enabled else None
+        if self.enabled:
+            tdist.barrier()
 
     def _device(self) -> torch.device:
         return (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"

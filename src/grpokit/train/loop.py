@@ -9,6 +9,7 @@ and the final model saved with save_pretrained into run.output_dir/final. All of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -135,12 +136,13 @@ def train_grpo(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: l
     dist = Distributed.for_run(cfg.run, device=cfg.model.device)
     if cfg.run.full_determinism:          # TRL's full_determinism: deterministic kernels, or an error
         enable_full_determinism()
+    caller_level = log.level                 # the grpokit logger is the caller's again after the run
     if cfg.run.log_level != "passive":   # TRL's log_level
         log.setLevel(cfg.run.log_level.upper())
     if not dist.is_main:
         log.setLevel(logging.WARNING)
     # rank 0 locks run.output_dir and checks it (deleting nothing); SIGINT / SIGTERM end the run cleanly
-    with RunGuard(cfg, dist) as guard:
+    with RunGuard(cfg, dist) as guard, _logger_level_restored(caller_level):
         return _train(cfg, dist, guard, model, tokenizer, train_examples=train_examples,
                       eval_examples=eval_examples, hooks=hooks or {}, callbacks=callbacks,
                       reward_funcs=reward_funcs, ref_model=ref_model, agent=agent)
@@ -302,3 +304,12 @@ def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:
 def _data_seed(run) -> int:
     """The training prompts' order: run.data_seed, else run.seed (TRL's data_seed)."""
     return run.seed if run.data_seed is None else run.data_seed
+
+
+@contextlib.contextmanager
+def _logger_level_restored(level: int):
+    """The `grpokit` logger's level back to `level` when the run ends, however it ends."""
+    try:
+        yield
+    finally:
+        log.setLevel(level)
