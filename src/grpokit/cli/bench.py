@@ -31,6 +31,7 @@ import torch
 from grpokit import switch
 from grpokit.cli.membench import main as memory_main
 from grpokit.cli.membench import run_json_side
+from grpokit.cli.recipebench import main as recipe_main
 from grpokit.config.choices import Precision
 from grpokit.config.schema import build_config
 from grpokit.errors import run_command
@@ -235,8 +236,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `grpokit bench`; prints one JSON object per side, then the comparison."""
     # peak memory and its breakdown: grpokit.cli.membench
-    if "--memory" in (sys.argv[1:] if argv is None else argv):
-        return memory_main(argv)
+    given = sys.argv[1:] if argv is None else argv
+    if "--memory" in given:   # --config: a recipe's QLoRA / LoRA / full sides (grpokit.cli.recipebench)
+        return recipe_main(argv) if any(a.split("=")[0] == "--config" for a in given) else memory_main(argv)
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

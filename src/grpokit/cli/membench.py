@@ -18,6 +18,8 @@ process baseline (activations, logits and their temporaries, allocator slack).
 
     grpokit bench --memory                                    # vocab 49,152, 4 x 8 x 256 tokens
     grpokit bench --memory --sides grpo,ppo --vocab 4096 --completion-length 64
+
+With --config FILE the sides are qlora, lora and full on that recipe instead (grpokit.cli.recipebench).
 """
 
 from __future__ import annotations
