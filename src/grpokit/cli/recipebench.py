@@ -13,6 +13,8 @@ qlora, ...): this machine drifts, so every side sees early and late minutes. Per
     load_peak_mib   the peak resident memory while the model loads (a 4-bit base is quantized here)
     step_peak_mib   the peak from the first step to the last (Linux's VmHWM, reset after loading)
     s_per_step      the median of time/step over steps 2.. (the first one warms caches)
+    sequence_width  the median padded row (prompt + completion) the update ran on; sequence_tokens_mean
+                    its real tokens per row
     baseline_mib    the process before any model exists (interpreter, torch, transformers)
     weights_mib     every tensor of the policy and the reference (a 4-bit layer's packed weights and
                     its quantization state), counted once; quantized_mib / quantized_params the 4-bit
@@ -38,6 +40,7 @@ import torch
 
 from grpokit.cli.membench import current_rss_mib, run_json_side
 from grpokit.config.schema import load_config
+from grpokit.train.callbacks import TrainHooks
 
 RECIPE_SIDES = ("qlora", "lora", "full")
 ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -115,6 +118,20 @@ class _PeakWindow:
         self.step_peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _status_mib("VmHWM")
 
 
+class _BatchShapes(TrainHooks):
+    """The run's hooks, also keeping each step's padded row width (prompt + completion) and real tokens."""
+
+    def __init__(self, cfg, callbacks: list) -> None:
+        super().__init__(cfg, callbacks)
+        self.widths: list[int] = []
+        self.tokens: list[float] = []
+
+    def observe(self, step, rollout, scores, advantages, correct=None) -> None:
+        self.widths.append(rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1])
+        real = rollout.prompt_mask.sum() + rollout.completion_mask.sum()
+        self.tokens.append(float(real) / rollout.prompt_ids.shape[0])
+
+
 def run_recipe_side(config: str, side: str, steps: int, extra: list[str]) -> dict[str, Any]:
     """One side in this process: train `steps` steps of the config as the side says, measure."""
     from grpokit import switch
@@ -131,7 +148,8 @@ def run_recipe_side(config: str, side: str, steps: int, extra: list[str]) -> dic
                                "run.max_minutes=0", "run.eval_limit=0", "run.save_steps=0",
                                f"run.output_dir={out_dir}"])
     window = _PeakWindow()
-    state = train_grpo(cfg, callbacks=[window])
+    hooks = _BatchShapes(cfg, [window])
+    state = train_grpo(cfg, callbacks=hooks)
     rows = window.rows
     opt = state.optimizer
     trainable = [p for g in opt.param_groups for p in g["params"]]
@@ -145,6 +163,8 @@ def run_recipe_side(config: str, side: str, steps: int, extra: list[str]) -> dic
             "baseline_mib": baseline, **weight_parts([state.model, state.ref_model]),
             "trainable_params": sum(p.numel() for p in trainable),
             "optimizer_state_mib": sum(_tensor_bytes(v, seen) for v in moments) / 2**20,
+            "sequence_width": statistics.median(hooks.widths),
+            "sequence_tokens_mean": statistics.fmean(hooks.tokens),
             "overrides": side_overrides(side, base)}
 
 
