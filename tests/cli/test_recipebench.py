@@ -45,7 +45,9 @@ def test_sides_change_only_the_model_section(tmp_path):
     assert qlora.model.load_in_4bit and qlora.model.lora_r == 16
     assert qlora.model.lora_target_modules == recipebench.ALL_PROJECTIONS   # the config had no LoRA
     lora = load_config(_recipe(tmp_path), recipebench.side_overrides("lora", plain))
-    assert not lora.model.load_in_4bit and lora.model.lora_r == 16
+    assert not lora.model.load_in_4bit and lora.model.lora_r == 16 and lora.model.dtype == plain.model.dtype
+    bf16 = load_config(_recipe(tmp_path), recipebench.side_overrides("lora-bf16", plain))
+    assert bf16.model.dtype == "bfloat16" and bf16.model.lora_r == 16
     assert (qlora.rollout, qlora.optim, qlora.loss) == (plain.rollout, plain.optim, plain.loss)
     # a config with its own LoRA keeps it on both LoRA sides
     own = load_config(_recipe(tmp_path, "  lora_r: 4\n  lora_alpha: 8\n"))
@@ -77,11 +79,13 @@ def test_the_three_sides_run_and_measure_what_they_store(tmp_path, capsys):
     assert bench_main(["--memory", "--config", str(path), "--steps", "2", "run.seed=3"]) == 0
     lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
     rows = {r["side"]: r for r in lines if "side" in r}
-    assert set(rows) == {"qlora", "lora", "full"}
+    assert set(rows) == {"qlora", "lora-bf16", "lora", "full"}
     for r in rows.values():
         assert r["steps"] == 2 and len(r["step_seconds"]) == 2 and r["s_per_step"] > 0
         assert r["step_peak_mib"] > 0 and r["load_peak_mib"] > 0
     assert rows["qlora"]["weights_mib"] < rows["lora"]["weights_mib"] < rows["full"]["weights_mib"]
+    assert rows["lora-bf16"]["weights_mib"] < rows["lora"]["weights_mib"]
+    assert rows["lora-bf16"]["optimizer_state_mib"] == rows["lora"]["optimizer_state_mib"]   # fp32 adapters
     assert rows["qlora"]["quantized_params"] > 0 and rows["lora"]["quantized_params"] == 0
     assert rows["qlora"]["quantized_mib"] < rows["qlora"]["quantized_params"] * 0.6 / 2**20   # ~4.1 bits
     assert rows["qlora"]["trainable_params"] == rows["lora"]["trainable_params"]

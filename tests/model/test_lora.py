@@ -131,17 +131,22 @@ def test_lora_errors_say_what_to_change(tiny_model, monkeypatch):
         wrap_lora(tiny_model, ModelConfig(lora_r=4))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-stored"])
 def test_lean_sampler_applies_the_adapters(precision, monkeypatch):
     """A LoRA policy samples on the lean decoder (adapters merged into its weight copies): its log-probs
-    equal the PeftModel's own forward (adapters on), as the cached engine's do; DoRA falls back."""
+    equal the PeftModel's own forward (adapters on), as the cached engine's do; DoRA falls back.
+    bf16-stored: the base in bfloat16 with peft's float32 adapters (TRL's bf16 LoRA), merged in bf16."""
     from grpokit.model.precision import set_compute_dtype
     from grpokit.model.testing import bench_prompts, build_model
     from grpokit.rollout import sampler
     from grpokit.rollout.groups import sample_groups
 
     model, tok = build_model("tiny", mean_length=8)
+    if precision == "bf16-stored":
+        model = model.to(torch.bfloat16)
     policy = _lora(model, r=4, lora_target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"])
+    if precision == "bf16-stored":
+        assert {p.dtype for n, p in policy.named_parameters() if "lora_" in n} == {torch.float32}
     with torch.no_grad():  # non-zero B: the adapters change the model
         for n, p in policy.named_parameters():
             if "lora_B" in n:

@@ -24,7 +24,7 @@ from grpokit.agents.custom_rollout import rollout_from_func
 from grpokit.agents.driver import ToolDriver
 from grpokit.agents.environments import EnvironmentPool, reward_function
 from grpokit.agents.formats import ChatFormat, PlainFormat, supports_tool_messages
-from grpokit.agents.tools import Tool, as_tool
+from grpokit.agents.tools import Tool, as_tool, schema_of
 from grpokit.errors import ConfigError
 from grpokit.rollout.groups import Rollout, eos_token_ids, sample_groups
 from grpokit.rollout.vllm_backend import in_process_backend
@@ -84,6 +84,14 @@ class Agent:
         self.reward_funcs = [(c.__name__, reward_function(c), 1.0)
                              for c in (self.pool.reward_classes if self.pool else [])]
         self.environments: list | None = None     # the latest batch's, one per rollout (TRL's attribute)
+        self.shown: list[dict] | None = None      # TRL's `trainer.tools = [...]`: the schemas prompts show
+
+    def show_tools(self, tools: list | None) -> None:
+        """TRL's `trainer.tools = ...` after construction: the tool section every prompt renders from now
+        on (functions, by their schema, or JSON schemas as dicts). The functions a call runs stay the
+        standalone tools and environment methods given at construction, as in TRL; an empty list shows no
+        tools and runs no tool loop (TRL's `if self.tools:`)."""
+        self.shown = [schema_of(t) for t in (tools or [])]
 
     def tool_functions(self) -> list[Callable]:
         """The functions behind the tools: the standalone ones, then each environment's methods (of its
@@ -149,16 +157,20 @@ class Agent:
         chat = isinstance(prompts[0], list)
         fmt = self._format(r.tool_format, tokenizer, eos_token_ids(model, tokenizer), chat, kwargs)
         schemas = [[t.schema for t in tools.values()] for tools in row_tools] if fmt.name == "chat" else None
+        if self.shown is not None and schemas is not None:
+            schemas = [self.shown] * len(rows)
         driver = ToolDriver(fmt, row_tools, max_new_tokens=r.max_completion_length,
                             max_iterations=r.max_tool_calling_iterations, timeout=r.tool_timeout,
                             max_chars=r.max_tool_output_chars)
+        if self.shown == []:     # trainer.tools = []: one plain turn, no tool section
+            driver = None
         G = group_size
         same = [prompts[i] == prompts[i - i % G] and (schemas is None or schemas[i] == schemas[i - i % G])
                 for i in range(len(prompts))]
         shared = all(same)
         # the G rows of a prompt share its prefill when their prompts (and tools) are the same
         pick = slice(None, None, G) if shared else slice(None)
-        tools = None if schemas is None else schemas[pick]
+        tools = None if schemas is None or driver is None else schemas[pick]
         if sampler is not None:
             rollout = sampler(prompts[pick], G if shared else 1, driver=driver, tools=tools)
         else:

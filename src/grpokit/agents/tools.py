@@ -71,6 +71,22 @@ def as_tool(fn: Callable[..., Any]) -> Tool:
     return Tool(schema["function"]["name"], fn, schema, inspect.iscoroutinefunction(fn))
 
 
+def schema_of(tool: Any) -> dict[str, Any]:
+    """The JSON schema a prompt shows for `tool`: a function's (as `as_tool`), or a dict given as a schema
+    ({"type": "function", "function": {...}}, or the bare {"name", "description", "parameters"}).
+
+    Raises:
+        ConfigError: a dict without a name, or something neither callable nor a dict.
+    """
+    if isinstance(tool, dict):
+        body = tool.get("function", tool) if tool.get("type", "function") == "function" else None
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            raise ConfigError(f"tool schema {str(tool)[:60]} has no function name: give "
+                              "{'type': 'function', 'function': {'name': ..., 'parameters': ...}}")
+        return {"type": "function", "function": body}
+    return as_tool(tool).schema
+
+
 @dataclass
 class CallRequest:
     """One call to run: the tool (None when the model named no known tool) and its arguments."""

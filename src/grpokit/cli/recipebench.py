@@ -5,11 +5,13 @@ saving off) in its own fresh subprocess, with the model section changed as the s
 
     qlora   model.load_in_4bit=true (the config's 4-bit settings), LoRA (the config's, or r 16 on all 7
             projections when the config has none)
-    lora    the same LoRA on the unquantized base (model.dtype and model.precision as configured)
+    lora-bf16  the same LoRA on the base stored in bfloat16 (model.dtype=bfloat16; peft keeps the adapters
+            and their AdamW state float32): TRL's bf16 LoRA
+    lora    the same LoRA on the base as configured (model.dtype and model.precision)
     full    every weight trains (model.lora_r=0), no quantization
 
-Sides run in the order given, then reversed, `--repeats` times over (qlora, lora, full, full, lora,
-qlora, ...): this machine drifts, so every side sees early and late minutes. Per run it reports:
+Sides run in the order given, then reversed, `--repeats` times over (qlora, lora-bf16, lora, full,
+full, lora, ...): this machine drifts, so every side sees early and late minutes. Per run it reports:
     load_peak_mib   the peak resident memory while the model loads (a 4-bit base is quantized here)
     step_peak_mib   the peak from the first step to the last (Linux's VmHWM, reset after loading)
     s_per_step      the median of time/step over steps 2.. (the first one warms caches)
@@ -42,7 +44,7 @@ from grpokit.cli.membench import current_rss_mib, run_json_side
 from grpokit.config.schema import load_config
 from grpokit.train.callbacks import TrainHooks
 
-RECIPE_SIDES = ("qlora", "lora", "full")
+RECIPE_SIDES = ("qlora", "lora-bf16", "lora", "full")
 ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -52,6 +54,9 @@ def side_overrides(side: str, cfg) -> list[str]:
                                              f"model.lora_target_modules={json.dumps(ALL_PROJECTIONS)}"]
     if side == "qlora":
         return ["model.load_in_4bit=true", "model.load_in_8bit=false", *lora]
+    if side == "lora-bf16":
+        return ["model.load_in_4bit=false", "model.load_in_8bit=false", "model.dtype=bfloat16",
+                "model.precision=auto", *lora]   # 16-bit weights compute in their own dtype
     if side == "lora":
         return ["model.load_in_4bit=false", "model.load_in_8bit=false", *lora]
     return ["model.load_in_4bit=false", "model.load_in_8bit=false", "model.lora_r=0"]
@@ -184,7 +189,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[side] = {k: statistics.median(r[k] for r in mine)
                      for k in ("load_peak_mib", "step_peak_mib", "s_per_step", "weights_mib")}
     if "full" in out:
-        for side in ("qlora", "lora"):
+        for side in ("qlora", "lora-bf16", "lora"):
             if side in out:
                 out[f"{side}_over_full"] = {k: out[side][k] / out["full"][k]
                                             for k in ("step_peak_mib", "s_per_step", "weights_mib")}

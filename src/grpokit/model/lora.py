@@ -78,7 +78,10 @@ def effective_linear(module: Any) -> tuple[torch.Tensor, torch.Tensor | None] | 
             or any(getattr(module, "lora_bias", {}).get(a, False) for a in adapters):
         return None
     delta = active_delta(module)
-    return (base.weight if delta is None else base.weight.detach() + delta), base.bias
+    if delta is None:
+        return base.weight, base.bias
+    # a bf16-stored base with float32 adapters (peft's default): the merged weight in the base's dtype
+    return (base.weight.detach() + delta).to(base.weight.dtype), base.bias
 
 
 def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:

@@ -225,7 +225,22 @@ class GRPOTrainer:
     @property
     def tools(self) -> list:
         """TRL's tools: the standalone functions and each environment's methods."""
+        if getattr(self, "_shown_tools", None) is not None:
+            return list(self._shown_tools)
         return self.agent.tool_functions() if self.agent is not None else []
+
+    @tools.setter
+    def tools(self, value: list | None) -> None:
+        """TRL's `trainer.tools = [...]`: the tool section the prompts render from now on (functions or
+        JSON-schema dicts); the calls still run the tools and environment methods given at construction,
+        as in TRL; [] or None: no tools shown and no tool loop (`grpokit.agents.agent.Agent.show_tools`).
+        With a rollout_func they are only kept, for the function to read."""
+        if self.agent is None and value:
+            raise ConfigError("trainer.tools is set, but this trainer was built without tools: pass "
+                              "tools=[...] (or environment_factory=...) to GRPOTrainer")
+        if self.agent is not None and self.agent.rollout_func is None:
+            self.agent.show_tools(value)
+        self._shown_tools = list(value or [])   # a rollout_func reads them back from trainer.tools
 
     @property
     def environments(self) -> list | None:

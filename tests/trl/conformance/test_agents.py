@@ -125,6 +125,38 @@ def test_train_with_tools(impl, agent, kind):
     assert last_row(trainer)["tools/failure_frequency"] == pytest.approx(1 / 2)
 
 
+def test_setting_trainer_tools_to_none_turns_the_tool_loop_off(impl, agent):
+    """TRL's `trainer.tools = []` after construction: the prompts show no tools and no call runs, so the
+    rollouts are single turns and no tool metric is logged."""
+    trainer = impl.GRPOTrainer(
+        model=agent, reward_funcs=conversation_length, args=impl.args(**AGENT_ARGS),
+        train_dataset=chat_rows("Use it.", "Misuse it.", "Skip it."), processing_class=agent_tokenizer(),
+        tools=[multiply_tool])
+    assert trainer.tools == [multiply_tool]
+    trainer.tools = []
+    assert trainer.tools == []
+    trainer.train()
+    assert not [k for k in last_row(trainer) if k.startswith("tools/")]
+
+
+def test_setting_trainer_tools_replaces_the_schemas_and_keeps_the_calls(impl, agent):
+    """`trainer.tools = [schema]` (a program showing the schemas its SFT data used): the calls still run
+    the tools given at construction, with TRL's figures."""
+    trainer = impl.GRPOTrainer(
+        model=agent, reward_funcs=conversation_length, args=impl.args(**AGENT_ARGS),
+        train_dataset=chat_rows("Use it.", "Misuse it.", "Skip it."), processing_class=agent_tokenizer(),
+        tools=[multiply_tool])
+    schema = {"type": "function", "function": {"name": "multiply_tool", "description": "Multiplies.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "a": {"type": "integer"}, "b": {"type": "integer"}},
+                                                   "required": ["a", "b"]}}}
+    trainer.tools = [schema]
+    assert trainer.tools == [schema]
+    trainer.train()
+    assert last_row(trainer)["tools/call_frequency"] == pytest.approx(2 / 3)
+    assert last_row(trainer)["tools/failure_frequency"] == pytest.approx(1 / 2)
+
+
 def test_train_with_environment_factory(impl, agent):
     """No dataset: the environment gives the prompts; a valid call, a call to an unknown tool, no call."""
     trainer = impl.GRPOTrainer(
