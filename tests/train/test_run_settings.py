@@ -64,3 +64,36 @@ def test_ddp_backend_and_options_reach_the_process_group_and_the_wrapper(tmp_pat
                        "static_graph": True}
     auto = Distributed.for_run(easy_config(tmp_path, **{}).run, device="cpu")
     assert opened == {"backend": "gloo"} and auto.ddp_options["bucket_cap_mb"] == 25
+
+
+def test_torch_empty_cache_steps_empties_the_device_cache_every_n_steps(tmp_path, monkeypatch):
+    from grpokit.model.devices import empty_cache
+    from grpokit.train import loop
+
+    assert empty_cache(torch.device("cpu")) is False          # the CPU keeps no cache
+    steps = []
+    hooks = {"after_step": lambda state, metrics: steps.append(state.step)}
+    emptied = []
+    monkeypatch.setattr(loop, "empty_cache", lambda device: emptied.append((len(steps) + 1, device.type)))
+    train_grpo(easy_config(tmp_path / "a", **{"run.max_steps": 5, "run.torch_empty_cache_steps": 2}),
+               train_examples=PROMPTS, hooks=hooks)
+    assert emptied == [(2, "cpu"), (4, "cpu")]
+    emptied.clear()
+    train_grpo(easy_config(tmp_path / "b", **{"run.max_steps": 2}), train_examples=PROMPTS, hooks=hooks)
+    assert emptied == []
+
+
+def test_input_tokens_seen_counts_prompt_and_completion_tokens_across_a_resume(tmp_path, one_thread):
+    import json
+
+    rows = []
+    cfg = easy_config(tmp_path / "whole", **{"run.max_steps": 4})
+    train_grpo(cfg, train_examples=PROMPTS, hooks={"after_step": lambda s, m: rows.append(m)})
+    counts = [r["input_tokens_seen"] for r in rows]
+    assert counts[0] > 0 and all(b > a for a, b in zip(counts, counts[1:]))
+    half = easy_config(tmp_path / "half", **{"run.max_steps": 2, "run.save_steps": 2})
+    train_grpo(half, train_examples=PROMPTS)
+    resumed = easy_config(tmp_path / "half", **{"run.max_steps": 4, "run.save_steps": 2, "run.resume": True})
+    train_grpo(resumed, train_examples=PROMPTS)
+    lines = (tmp_path / "half" / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["input_tokens_seen"] for line in lines] == counts

@@ -4,6 +4,7 @@ generated from the same declaration."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,26 @@ def test_data_seed_log_level_ddp_and_vllm_fields_reach_grpokit_and_none_keeps_th
     assert (default.data_seed, default.log_level, default.ddp_backend) == (None, "passive", "auto")
     assert (default.ddp_find_unused_parameters, default.ddp_bucket_cap_mb, default.ddp_broadcast_buffers,
             default.ddp_static_graph) == (False, 25, True, False)
+    t = translate(GRPOConfig(torch_empty_cache_steps=5), num_prompts=64)
+    assert build_config(t.overrides).run.torch_empty_cache_steps == 5
+    assert default.torch_empty_cache_steps == 0
+
+
+def test_num_tokens_is_the_runs_token_count_and_include_num_input_tokens_seen_adds_transformers_name(
+        tiny_model, char_tokenizer, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from grpokit.trl import GRPOTrainer
+
+    rows = datasets.Dataset.from_list([{"prompt": f"{a}+{a}="} for a in range(8)])
+    trainer = GRPOTrainer(model=tiny_model, processing_class=char_tokenizer, train_dataset=rows,
+                          reward_funcs=lambda completions, **k: [float(len(c)) for c in completions],
+                          args=GRPOConfig(output_dir=str(tmp_path), num_generations=4, max_steps=2,
+                                          per_device_train_batch_size=8, max_completion_length=4, bf16=False,
+                                          report_to="none", logging_steps=1,
+                                          include_num_input_tokens_seen="non_padding"))
+    trainer.train()
+    logged = [r for r in trainer.state.log_history if "num_tokens" in r]
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["num_tokens"] for r in logged] == [s["input_tokens_seen"] for s in steps]
+    assert all(r["num_input_tokens_seen"] == r["num_tokens"] for r in logged)
+    assert trainer.state.num_input_tokens_seen == steps[-1]["input_tokens_seen"]

@@ -37,6 +37,9 @@ class RunConfig:
     track_prompts: bool = _f(False, "per-prompt reward history")
     max_bad_steps: int = _f(3, "stop after this many non-finite updates in a row")
     progress: bool = _f(True, "show a progress bar")
+    torch_empty_cache_steps: int = _f(0, "give the accelerator's cached, unused memory back every N steps "
+                                      "(torch.cuda.empty_cache: less memory held, a little slower); 0 = "
+                                      "never; the CPU keeps no cache")
     log_level: LogLevel = _choice(LogLevel, "passive", before="the `grpokit` logger's level for the run: ",
                                   passive="leave it as the caller set it; the CLI logs info")
     ddp_timeout_s: int = _f(1800, "with several ranks: seconds a collective may wait before the run fails")

@@ -117,3 +117,13 @@ def place_model(model: torch.nn.Module, device: torch.device, *, what: str = "th
                           "weights (from_pretrained, or from_config outside `init_empty_weights`)")
     log.info("%s moved from %s to %s", what, current, device)
     return model.to(device)
+
+
+def empty_cache(device: torch.device) -> bool:
+    """Give the accelerator's cached, unused memory back to the driver (torch.cuda / torch.xpu /
+    torch.mps empty_cache); the CPU keeps no such cache. True when a cache was emptied."""
+    backend = getattr(torch, device.type, None) if device.type in ("cuda", "xpu", "mps") else None
+    if backend is None or not hasattr(backend, "empty_cache"):
+        return False
+    backend.empty_cache()
+    return True

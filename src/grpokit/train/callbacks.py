@@ -26,7 +26,8 @@ from typing import Any
 TRL_NAMES = {"reward": "reward_mean", "reward_std": "reward_std", "kl": "approx_kl", "entropy": "entropy",
              "clip_ratio/region_mean": "clip_ratio", "clip_ratio/low_mean": "clip_ratio_low",
              "clip_ratio/high_mean": "clip_ratio_high", "completions/mean_length": "completion_length_mean",
-             "frac_reward_zero_std": "frac_zero_std", "grad_norm": "grad_norm", "loss": "loss"}
+             "frac_reward_zero_std": "frac_zero_std", "grad_norm": "grad_norm", "loss": "loss",
+             "num_tokens": "input_tokens_seen"}
 
 
 class TrainHooks:

@@ -144,6 +144,7 @@ def _write_files(state, tmp: Path, out: Path, metrics_row: dict[str, Any] | None
                 "world_size": state.dist.world_size if getattr(state, "dist", None) is not None else 1,
                 "step": state.step, "cursor": state.stream.cursor,
                 "bad_steps": state.bad_steps, "skipped_updates": getattr(state, "skipped_updates", 0),
+                "input_tokens_seen": getattr(state, "input_tokens_seen", 0),
                 "entropy_control": [getattr(state, "entropy_coef", None),
                                     getattr(state, "last_entropy", None)],
                 "metrics_offset": {"bytes": size, "rows": rows},

@@ -19,7 +19,7 @@ import torch
 
 from grpokit.agents.agent import agent_from_config
 from grpokit.config.schema import GRPOConfig
-from grpokit.model.devices import place_model, resolve_device
+from grpokit.model.devices import empty_cache, place_model, resolve_device
 from grpokit.model.loading import load_model_and_tokenizer, without_hub_kernels
 from grpokit.model.lora import reference_for, wrap_lora
 from grpokit.model.precision import apply_precision, reference_storage
@@ -111,7 +111,7 @@ def build_state(cfg: GRPOConfig, model=None, tokenizer=None, *, train_examples: 
         raise TaskError("no reward: name reward.funcs, or use an environment that defines get_reward()")
     # Algorithm 1: trains the rm: reward in place
     loop = RewardLoop(cfg, funcs, dist.rank, dist.world_size) if cfg.run.iterations else None
-    stream = dist.shard_stream(PromptStream(train, _data_seed(cfg.run), shuffle=cfg.task.shuffle))
+    stream = dist.shard_stream(PromptStream(train, data_seed(cfg.run), shuffle=cfg.task.shuffle))
     # rollout.async: a worker process samples ahead (started at the first step, after any resume)
     worker = AsyncRollouts(cfg) if cfg.rollout.async_max_staleness is not None else None
     return TrainState(cfg, model, tokenizer, ref, optimizer, scheduler, funcs, stream, evals, critic=critic,
@@ -191,6 +191,8 @@ def _train(cfg: GRPOConfig, dist: Distributed, guard: RunGuard, model, tokenizer
                 with timer("log"):
                     _log_step(state, metrics, timer, writer=writer, loggers=loggers, bar=bar, events=events)
             trained_s += timer.pop().get("time/step", 0.0)
+            if cfg.run.torch_empty_cache_steps and state.step % cfg.run.torch_empty_cache_steps == 0:
+                empty_cache(next(state.model.parameters()).device)   # TRL's torch_empty_cache_steps
             guard.after_step(state)   # the old run goes once this one has a checkpoint; a signal stops here
             if "after_step" in hooks:
                 hooks["after_step"](state, metrics)
@@ -301,7 +303,7 @@ def _evaluate_and_log(state: TrainState, writer, tag: str) -> dict[str, float]:
     return row
 
 
-def _data_seed(run) -> int:
+def data_seed(run) -> int:
     """The training prompts' order: run.data_seed, else run.seed (TRL's data_seed)."""
     return run.seed if run.data_seed is None else run.data_seed
 

@@ -197,7 +197,8 @@ def ppo_train_step(state: TrainState, timer: PhaseTimer | None = None, tracker=N
                **length_stats(rollout.completion_mask, rollout.truncated, correct),
                **upd, **info, "reward_errors": float(scores.num_errors), "bad_steps": float(state.bad_steps),
                "learning_rate": state.scheduler.get_last_lr()[0],
-               "completion_tokens": float(rollout.completion_mask.sum())}
+               "completion_tokens": float(rollout.completion_mask.sum()),
+               "input_tokens_seen": state.count_input_tokens(rollout)}
     if tracker is not None:
         tracker.observe(state.step, rollout, scores, adv_flat, correct)
     return metrics

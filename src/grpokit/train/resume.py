@@ -138,6 +138,7 @@ def load_trainer_state(state, folder: Path, *, optimizer: bool = True) -> dict[s
     state.scheduler.load_state_dict(blob["scheduler"])
     state.step, state.stream.cursor, state.bad_steps = blob["step"], blob["cursor"], blob["bad_steps"]
     state.skipped_updates = blob.get("skipped_updates", 0)
+    state.input_tokens_seen = blob.get("input_tokens_seen", 0)
     if blob.get("entropy_control") is not None:   # adaptive entropy: the coefficient and its last measurement
         state.entropy_coef, state.last_entropy = blob["entropy_control"]
     ranks, dist = blob.get("rank_rng") or [], getattr(state, "dist", None)  # distributed: each rank its own

@@ -34,6 +34,7 @@ class TrainState:
     step: int = 0
     bad_steps: int = 0          # non-finite updates in a row (the run stops at run.max_bad_steps)
     skipped_updates: int = 0    # non-finite updates skipped since step 0
+    input_tokens_seen: int = 0  # prompt + completion tokens trained on since step 0, all ranks, no padding
     critic: Any = None  # loss.algorithm=ppo only: grpokit.train.ppo.Critic (value model + its optimizer)
     # ranks (grpokit.train.distributed); one process: no-op
     dist: Distributed = field(default_factory=Distributed)
@@ -61,6 +62,13 @@ class TrainState:
     # rollout.steps_per_generation > 1: the generation batch whose slices the next steps train
     # (grpokit.train.generations.Generation; None: the next step samples); checkpointed
     generation: Any = None
+
+    def count_input_tokens(self, rollout) -> float:
+        """Add a step's prompt + completion tokens (padding left out, every rank) to the run's count and
+        return it (TRL's num_input_tokens_seen, which TRL logs as num_tokens)."""
+        here = float(rollout.prompt_mask.sum() + rollout.completion_mask.sum())
+        self.input_tokens_seen += int(self.dist.sum(here))
+        return float(self.input_tokens_seen)
 
 
 def _can_fuse(params: list[torch.Tensor]) -> bool:

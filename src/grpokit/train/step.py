@@ -190,6 +190,7 @@ def _step_metrics(state: TrainState, batch: Batch, upd: dict[str, float], *, fir
                "reward_errors": state.dist.sum(scores.num_errors),
                "bad_steps": float(state.bad_steps), "skipped_updates": float(state.skipped_updates),
                "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum()),
+               "input_tokens_seen": state.count_input_tokens(rollout),
                **trajectory_stats(rollout, g),   # tools / environments only: turns, calls, errors
                **tree_stats(cfg, rollout, state.dist),   # tree rollouts only: tokens decoded
                **(mcts_stats(state) if first else {})}   # MCTS rollouts only: tokens, nodes, values

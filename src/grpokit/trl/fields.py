@@ -94,7 +94,7 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
     "liger_kernel_config": Field(None, REFUSE, "precision"),
     "use_cache": Field(False, SAME, "grpokit's sampler keeps its own KV cache; training passes use none"),
     "neftune_noise_alpha": Field(None, REFUSE, "precision"),
-    "torch_empty_cache_steps": Field(None, REFUSE, "precision"),
+    "torch_empty_cache_steps": Field(None, MAP, "run.torch_empty_cache_steps (None: 0, never)"),
     "auto_find_batch_size": Field(False, REFUSE, "data"),
     "logging_strategy": Field("steps", TRAINER, "steps: a log_history row every logging_steps; no: only the "
                               "last row (metrics.jsonl has every step either way)"),
@@ -104,7 +104,9 @@ _INHERITED = {  # transformers.TrainingArguments, as TRL 1.16 overrides them
     "log_on_each_node": Field(True, SAME, "one node's rank 0 writes the logs"),
     "logging_nan_inf_filter": Field(True, SAME, "grpokit skips non-finite updates and counts them "
                                     "(skipped_updates, run.max_bad_steps)"),
-    "include_num_input_tokens_seen": Field("no", REFUSE, "logging"),
+    "include_num_input_tokens_seen": Field("no", TRAINER, "True / 'all' / 'non_padding': log rows also "
+                                           "hold num_input_tokens_seen, the prompt + completion tokens "
+                                           "(no padding, every rank) so far, as num_tokens always does"),
     "log_level": Field("passive", MAP, "run.log_level (passive: the logger as the caller set it)"),
     "log_level_replica": Field("warning", REFUSE, "logging"),
     "disable_tqdm": Field(None, MAP, "run.progress = not disable_tqdm"),

@@ -43,7 +43,8 @@ COMPLETION_NAMES = {"completions/mean_length": "completion_length_mean",
                     "completions/mean_terminated_length": "completion_length_terminated_mean",
                     "completions/min_terminated_length": "completion_length_terminated_min",
                     "completions/max_terminated_length": "completion_length_terminated_max"}
-LATEST = ("grad_norm", "learning_rate", "num_tokens", "entropy_coef")   # logged as the last value, not a mean
+# logged as the last value, not a mean
+LATEST = ("grad_norm", "learning_rate", "num_tokens", "num_input_tokens_seen", "entropy_coef")
 NOT_IN_FINAL_ROW = ("loss", "grad_norm", "learning_rate")              # transformers' own in step rows only
 
 
@@ -130,7 +131,7 @@ class TRLHooks(TrainHooks):
         self.logs["extra"][str(column)].extend(values)
 
     def observe(self, step: int, rollout: Any, scores: Any, advantages: Any, correct: Any = None) -> None:
-        """The step's batch into `logs` (TRL's completions table) and the token count (num_tokens)."""
+        """The step's batch into `logs` (TRL's completions table)."""
         chat = [isinstance(p, list) for p in rollout.prompts]
         self.logs["prompt"].extend(rollout.prompts)
         self.logs["completion"].extend([{"role": "assistant", "content": c}] if is_chat else c
@@ -138,7 +139,6 @@ class TRLHooks(TrainHooks):
         for name, values in scores.per_func.items():
             self.logs["rewards"][name].extend(values.tolist())
         self.logs["advantages"].extend(advantages.tolist())
-        self.state.num_input_tokens_seen += int(rollout.prompt_mask.sum() + rollout.completion_mask.sum())
 
     # -- events ---------------------------------------------------------------------------------
     def log(self, logs: dict[str, Any]) -> None:
@@ -165,9 +165,13 @@ class TRLHooks(TrainHooks):
     def step_end(self, train_state: Any, row: dict[str, Any]) -> bool:
         """A step's row: into the window, a TRL row every logging_steps, an evaluation every eval_steps."""
         self._sync(train_state)
+        # the run's prompt + completion tokens (every rank, kept across a resume): TRL's num_tokens
+        self.state.num_input_tokens_seen = int(row.get("input_tokens_seen", self.state.num_input_tokens_seen))
         self._losses.append(float(row.get("loss", math.nan)))
-        self._window.append({**trl_step_metrics(row, self.loss_type, self.beta, self.custom),
-                             "num_tokens": float(self.state.num_input_tokens_seen)})
+        tokens = {"num_tokens": float(self.state.num_input_tokens_seen)}
+        if str(getattr(self.args, "include_num_input_tokens_seen", "no")) not in ("no", "False"):
+            tokens["num_input_tokens_seen"] = tokens["num_tokens"]   # transformers' name, when asked
+        self._window.append({**trl_step_metrics(row, self.loss_type, self.beta, self.custom), **tokens})
         self._fire("on_step_end", model=train_state.model, metrics=row)
         step = self.state.global_step
         if (self.logging_steps and step % self.logging_steps == 0) or (step == 1 and self.logging_first_step):

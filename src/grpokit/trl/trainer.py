@@ -43,12 +43,13 @@ from grpokit.model.loading import (
 from grpokit.model.lora import is_peft_model, reference_for
 from grpokit.model.quantized import is_quantized, prepare_quantized
 from grpokit.observe.model_card import write_model_card
-from grpokit.train.loop import save_final, train_grpo
+from grpokit.train.loop import data_seed, save_final, train_grpo
 from grpokit.train.resume import newest_complete_checkpoint
 from grpokit.train.state import TrainState
 from grpokit.train.update import bonus_enabled
 from grpokit.trl.agents import agent_overrides, build_agent, check_data, for_tokenizer, train_examples
 from grpokit.trl.config import GRPOConfig
+from grpokit.trl.dataloaders import eval_dataloader, train_dataloader
 from grpokit.trl.evaluation import EvalRun, evaluate_sets
 from grpokit.trl.generation import generation_options, restore_saved
 from grpokit.trl.inputs import (
@@ -316,6 +317,31 @@ class GRPOTrainer:
             restore_saved(self.model, Path(cfg.run.output_dir) / "final")
         metrics = self.callback_handler.train_metrics
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
+
+    def get_train_dataloader(self):
+        """TRL's training DataLoader: one epoch of generation batches (each prompt num_generations times in
+        a row) in the order grpokit trains on, from where training stands (`grpokit.trl.dataloaders`)."""
+        cfg, ts = self.config, self._train_state
+        return train_dataloader(self.train_examples, seed=data_seed(cfg.run), shuffle=cfg.task.shuffle,
+                                cursor=0 if ts is None else ts.stream.cursor,
+                                prompts_per_step=cfg.rollout.prompts_per_step,
+                                num_generations=cfg.rollout.num_generations)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None):
+        """TRL's eval DataLoader: eval_dataset's rows (a name picks one of a dict), each
+        num_generations_eval times, in batches of per_device_eval_batch_size rows."""
+        if isinstance(eval_dataset, str):
+            if eval_dataset not in self.eval_sets:
+                raise ConfigError(f"eval_dataset '{eval_dataset}' is not one of the trainer's eval datasets "
+                                  f"({', '.join(map(str, self.eval_sets))}): give one of those names")
+            sets = {eval_dataset: self.eval_sets[eval_dataset]}
+        else:
+            sets = self.eval_sets if eval_dataset is None else eval_sets(eval_dataset)
+        if not sets:
+            raise ConfigError("get_eval_dataloader() needs an eval_dataset: pass one to GRPOTrainer or here")
+        tr = self.translation.trainer
+        return eval_dataloader([ex for examples in sets.values() for ex in examples],
+                               num_generations=tr["num_generations_eval"], batch_size=tr["eval_batch_size"])
 
     # -- evaluation -----------------------------------------------------------------------------
     def _eval_run(self) -> EvalRun:

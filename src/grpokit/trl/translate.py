@@ -51,6 +51,7 @@ COPY = {"learning_rate": "optim.learning_rate", "weight_decay": "optim.weight_de
             "entropy_coef_delta", "entropy_target")}}
 # MAP fields copied when set: None (log_level "passive") keeps grpokit's default, which is PyTorch's
 COPY_SET = {"data_seed": "run.data_seed", "log_level": "run.log_level", "ddp_backend": "run.ddp_backend",
+            "torch_empty_cache_steps": "run.torch_empty_cache_steps",
             "run_name": "run.run_name", "vllm_max_model_length": "rollout.vllm_max_model_length",
             **{f"ddp_{k}": f"run.ddp_{k}" for k in ("find_unused_parameters", "bucket_cap_mb",
                                                    "broadcast_buffers", "static_graph")}}

@@ -180,3 +180,30 @@ def test_off_policy_mask_ignores_padding(impl):
     for threshold, keep in ((0.3, 0.0), (0.5, 1.0)):
         out = impl.off_policy_mask(adv, logps, torch.zeros(1, 4), mask, threshold)
         torch.testing.assert_close(out, torch.tensor([[keep]]))
+
+
+def test_train_dataloader_is_one_epoch_of_generation_batches(impl, models, data):
+    """TRL's get_train_dataloader(): each batch is one generation batch of row dicts, every prompt's row
+    num_generations times in a row; one epoch visits every prompt once."""
+    trainer = impl.GRPOTrainer(model=models.qwen2, reward_funcs=models.reward, train_dataset=data.train,
+                               args=impl.args(per_device_train_batch_size=6))
+    loader = trainer.get_train_dataloader()
+    batches = list(loader)
+    prompts_all = list(data.train["prompt"])
+    assert len(loader) == len(batches) == len(prompts_all) // 2
+    for batch in batches:
+        assert len(batch) == 6 and all(isinstance(row, dict) for row in batch)
+        prompts = [row["prompt"] for row in batch]
+        assert prompts[:3] == [prompts[0]] * 3 and prompts[3:] == [prompts[3]] * 3
+    assert sorted(row["prompt"] for batch in batches for row in batch[::3]) == sorted(prompts_all)
+
+
+def test_eval_dataloader_repeats_each_prompt_num_generations_eval_times(impl, models, data):
+    trainer = impl.GRPOTrainer(model=models.qwen2, reward_funcs=models.reward, train_dataset=data.train,
+                               eval_dataset=data.test,
+                               args=impl.args(per_device_eval_batch_size=4, num_generations_eval=2))
+    batches = list(trainer.get_eval_dataloader())
+    rows, test_prompts = [row["prompt"] for batch in batches for row in batch], list(data.test["prompt"])
+    assert all(len(batch) == 4 for batch in batches)
+    assert len(rows) == 2 * len(test_prompts) and sorted(set(rows)) == sorted(test_prompts)
+    assert all(rows[i] == rows[i + 1] for i in range(0, len(rows), 2))
