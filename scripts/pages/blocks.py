@@ -10,6 +10,7 @@ from . import (
     memory,
     performance,
     precision,
+    qlora,
     race,
     readme,
     real_model,
@@ -20,7 +21,7 @@ from . import (
 )
 
 PAGES = (
-    readme, experiments, reward_models, memory, performance, gains, precision, race, real_model, search,
-    asynchronous, agents, vllm, reliability, code,
+    readme, experiments, reward_models, memory, qlora, performance, gains, precision, race, real_model,
+    search, asynchronous, agents, vllm, reliability, code,
 )
 BLOCKS = [block for page in PAGES for block in page.BLOCKS]

@@ -8,7 +8,6 @@ import torch
 SKIP = {
     "gpu": "needs a GPU",
     "liger": "needs liger",
-    "bnb": "needs bitsandbytes",
     "vlm": "needs a VLM processor",
     "private": "checks a private TRL helper with no user-facing behaviour",
 }

@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer cases that cannot run here, each skipped with its reason (conformance_helpers.SKIP):
-vLLM and the slow accelerator class need a GPU, the vision-language class a VLM processor, the Liger and
-bitsandbytes variants their packages; a few cases only exercise TRL internals (a mocked training_step,
+vLLM and the slow accelerator class need a GPU, the vision-language class (its 4-bit variant too) a VLM
+processor, the Liger variants their package; a few cases only exercise TRL internals (a mocked training_step,
 private forward helpers). The agent cases that cannot run (rollout_func's vLLM weight sync, a tool that
 returns an image) are skipped in test_agents.py."""
 
@@ -47,9 +47,10 @@ def test_needs_vlm_processor(case):
     """TRL's vision-language class (grpokit refuses an image dataset in one line: test_trl_inputs.py)."""
 
 
-@pytest.mark.skip(reason=SKIP["bnb"])
+@pytest.mark.skip(reason=SKIP["vlm"])
 def test_vlm_training_quantized():
-    """4-bit QLoRA VLM training."""
+    """4-bit QLoRA VLM training: bitsandbytes runs here (QLoRA text models: tests/trl/test_trl_qlora.py);
+    the VLM is what is missing."""
 
 
 @pytest.mark.skip(reason=SKIP["private"])
