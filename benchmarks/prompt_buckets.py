@@ -29,7 +29,7 @@ import torch
 from grpokit import switch
 from grpokit.config.schema import load_config
 from grpokit.model.buckets import micro_batches
-from grpokit.model.logprobs import model_shares_prompts
+from grpokit.model.shared_prompts import model_shares_prompts
 from grpokit.observe.metrics import PhaseTimer
 from grpokit.train.collect import collect_batch
 from grpokit.train.loop import build_state

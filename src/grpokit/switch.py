@@ -25,8 +25,8 @@ import torch
 from grpokit import fast
 from grpokit.fast import fused_ops, master_grads, native, reuse, small_attention
 from grpokit.model import speedups
-from grpokit.model.logprobs import checkpointing_enabled
 from grpokit.model.precision import compute_dtype
+from grpokit.model.shared_prompts import checkpointing_enabled
 
 
 @contextlib.contextmanager

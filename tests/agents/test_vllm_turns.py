@@ -25,7 +25,8 @@ from grpokit.agents.tools import TRUNCATION_MARK
 from grpokit.cli.vllm_serve import make_server
 from grpokit.config.schema import build_config
 from grpokit.errors import ConfigError
-from grpokit.model.logprobs import cache_kwarg, per_token_logprobs
+from grpokit.model.logprobs import per_token_logprobs
+from grpokit.model.shared_prompts import cache_kwarg
 from grpokit.rollout.groups import eos_token_ids
 from grpokit.rollout.vllm_backend import Sample, ServerEngine, VLLMRollouts, vllm_agent_sampler
 from grpokit.tasks.base import Example

@@ -9,7 +9,8 @@ from grpokit.config.schema import build_config
 from grpokit.core.loss import grpo_objective_from_logprobs
 from grpokit.model.buckets import length_buckets, micro_batches
 from grpokit.model.loading import frozen_reference
-from grpokit.model.logprobs import can_share_prompts, per_token_logprobs, position_ids_from_mask
+from grpokit.model.logprobs import per_token_logprobs, position_ids_from_mask
+from grpokit.model.shared_prompts import can_share_prompts
 from grpokit.model.testing import bench_prompts, build_model
 from grpokit.observe.metrics import PhaseTimer
 from grpokit.rollout.groups import sample_groups

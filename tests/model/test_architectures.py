@@ -13,7 +13,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpokit.model import testing
 from grpokit.model.loading import build_char_tokenizer
-from grpokit.model.logprobs import CACHE_MODEL_TYPES, per_token_logprobs
+from grpokit.model.logprobs import per_token_logprobs
+from grpokit.model.shared_prompts import CACHE_MODEL_TYPES
 from grpokit.rollout import sampler
 from grpokit.rollout.groups import sample_groups
 

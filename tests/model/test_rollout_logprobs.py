@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from grpokit.model import logprobs as lp_mod
+from grpokit.model import shared_prompts
 from grpokit.model.logprobs import per_token_logprobs, position_ids_from_mask
 from grpokit.rollout.groups import completion_mask_from_ids, sample_groups
 
@@ -20,7 +21,8 @@ def naive_logprobs(model, ids, att, T, temperature=1.0):
 def test_per_token_logprobs_equals_naive_values_and_gradients(tiny_model, char_tokenizer,
                                                               monkeypatch, plain_head):
     if not plain_head:
-        monkeypatch.setattr(lp_mod, "_uses_plain_head", lambda model: False)
+        monkeypatch.setattr(lp_mod, "uses_plain_head", lambda model: False)
+        monkeypatch.setattr(shared_prompts, "uses_plain_head", lambda model: False)
     torch.manual_seed(0)
     r = sample_groups(tiny_model, char_tokenizer, PROMPTS, 2, 12, backend="generate")
     T = r.completion_ids.shape[1]

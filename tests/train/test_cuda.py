@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 
 from grpokit.config.schema import build_config
 from grpokit.model.loading import build_char_tokenizer, tiny_random_model
-from grpokit.model.logprobs import GatherRows, per_token_logprobs
+from grpokit.model.logprobs import per_token_logprobs
 from grpokit.model.precision import autocast_for
+from grpokit.model.shared_prompts import GatherRows
 from grpokit.rewards.outcome_rm import RewardModel
 from grpokit.rollout.groups import sample_groups
 from grpokit.tasks import Example

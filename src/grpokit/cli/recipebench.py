@@ -40,9 +40,11 @@ from typing import Any
 
 import torch
 
+from grpokit import switch
 from grpokit.cli.membench import current_rss_mib, run_json_side
 from grpokit.config.schema import load_config
 from grpokit.train.callbacks import TrainHooks
+from grpokit.train.loop import train_grpo
 
 RECIPE_SIDES = ("qlora", "lora-bf16", "lora", "full")
 ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -139,9 +141,6 @@ class _BatchShapes(TrainHooks):
 
 def run_recipe_side(config: str, side: str, steps: int, extra: list[str]) -> dict[str, Any]:
     """One side in this process: train `steps` steps of the config as the side says, measure."""
-    from grpokit import switch
-    from grpokit.train.loop import train_grpo
-
     switch.for_this_process()
     for optional in ("peft", "bitsandbytes"):   # imported on every side: the same baseline
         if importlib.util.find_spec(optional):

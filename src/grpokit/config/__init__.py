@@ -7,7 +7,7 @@
     choices     every choice as a `Literal` type (help text, validation and switches derive from it)
     validation  range and consistency checks, one function per concern
     code_checks the code tasks' and the sandbox's settings (and the code rewards' names)
-    reuse_checks rollout.steps_per_generation's range and the modes it does not run with
+    reuse_checks rollout.steps_per_generation and optim.padding_free: ranges, modes they do not run with
     overlap_checks the modes reward.overlap (rewards beside the reference pass) does not run with
     run_config  the config of a command-line run (a YAML file or the built-in demo, plus overrides)
     sweep_spec  the sweep file of `grpokit sweep`

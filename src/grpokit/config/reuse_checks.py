@@ -1,5 +1,6 @@
-"""rollout.steps_per_generation (generation reuse, grpokit.train.generations): its range and the modes it
-cannot run with, checked with the rest by `grpokit.config.validation.validate`."""
+"""rollout.steps_per_generation (generation reuse, grpokit.train.generations) and optim.padding_free (packed
+updates, grpokit.model.packing): their ranges and the modes they cannot run with, checked with the rest by
+`grpokit.config.validation.validate`."""
 
 from __future__ import annotations
 
@@ -28,6 +29,25 @@ def check_generation_reuse(cfg: Any) -> None:
                                            "stale after the generation's first step; auto turns it off"),
     }
     refuse_combinations(f"rollout.steps_per_generation={k}", "rollout.steps_per_generation=1", refused)
+
+
+def check_padding_free(cfg: Any) -> None:
+    """A token budget >= 0, and only on packed updates; packed updates without forced activation reuse
+    (the record is the sampler's padded rows) or the PPO critic (its value head runs padded rows)."""
+    o = cfg.optim
+    if o.max_tokens_per_micro_batch < 0:
+        raise ConfigError(f"optim.max_tokens_per_micro_batch must be >= 0 (0 = by rows), got "
+                          f"{o.max_tokens_per_micro_batch}")
+    if o.max_tokens_per_micro_batch and not o.padding_free:
+        raise ConfigError("optim.max_tokens_per_micro_batch budgets packed micro-batches: set "
+                          "optim.padding_free=true too, or leave it 0")
+    if not o.padding_free:
+        return
+    refuse_combinations("optim.padding_free=true", "optim.padding_free=false", {
+        "rollout.reuse_activations=true": (cfg.rollout.reuse_activations is True,
+                                           "the record replays the sampler's padded rows; auto skips it"),
+        "loss.algorithm=ppo": (cfg.loss.algorithm == "ppo", "the critic's value head runs padded rows"),
+    })
 
 
 def refuse_combinations(setting: str, undo: str, refused: dict[str, tuple[bool, str]]) -> None:

@@ -300,6 +300,11 @@ class OptimConfig:
     lr_scheduler_type: LRScheduler = _choice(LRScheduler, "constant", linear="decay to 0 at max_steps")
     warmup_steps: int = _f(0, "linear warm-up steps")
     micro_batch_size: int = _f(0, "completions per forward/backward; 0 = the whole batch")
+    padding_free: bool = _f(False, "log-prob passes over the rows' real tokens packed end to end, attention "
+                            "kept inside each row (grpokit.model.packing): no padding runs")
+    max_tokens_per_micro_batch: int = _f(0, "with padding_free: micro-batches by a token budget (real "
+                                         "tokens, a shared prompt counted once) instead of a row count; "
+                                         "0 = by optim.micro_batch_size")
     optim: Optimizer = _choice(Optimizer, "adamw", adamw_8bit="bitsandbytes")
 
 

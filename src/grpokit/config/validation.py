@@ -15,7 +15,7 @@ from typing import Literal
 
 from grpokit.config.code_checks import check_code
 from grpokit.config.overlap_checks import check_reward_overlap
-from grpokit.config.reuse_checks import check_generation_reuse
+from grpokit.config.reuse_checks import check_generation_reuse, check_padding_free
 from grpokit.config.sections import ConfigTree
 from grpokit.errors import ConfigError, suggest
 
@@ -377,7 +377,8 @@ def validate(cfg: ConfigTree) -> None:
     """Every check; each failure is one line naming the field and the fix."""
     for check in (_check_choices, _check_precision, _check_rollout, _check_vllm, _check_async, _check_tree,
                   _check_mcts, _check_agents, _check_loss, _check_optim_and_run, _check_reward_model_task,
-                  check_code, _check_reward_models, check_generation_reuse, check_reward_overlap):
+                  check_code, _check_reward_models, check_generation_reuse, check_padding_free,
+                  check_reward_overlap):
         check(cfg)
 
 

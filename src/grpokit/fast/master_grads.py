@@ -5,7 +5,7 @@ in float32) are the largest weights of a small LM, and autograd moves their grad
 on every micro-batch:
 
 - embedding: its backward zero-fills a dense [V, H] gradient for each lookup (two per micro-batch in
-  `logprobs.shared_prompt_hidden`: the prompt pass and the completion pass), index-adds a few hundred
+  `shared_prompts.shared_prompt_hidden`: the prompt pass and the completion pass), index-adds a few hundred
   rows into it, and the engine adds the whole tensor into `.grad`. torch.profiler on one SmolLM2 bf16
   step (micro-batches of 8): 8 `fill_` calls of ~200 ms.
 - lm-head in bf16 mixed precision (`logprobs.head_logprobs`): the float32 weight is cast to bf16 per

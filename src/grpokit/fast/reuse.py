@@ -11,7 +11,7 @@ the forward with autograd while taking each projection's output from the record:
 
 Everything else (embedding, RMSNorm, rotary, attention, SiLU, residuals, final norm, lm-head and
 log-softmax) is recomputed with autograd as in the plain pass, and prompts run once per group as in
-`logprobs.shared_prompt_hidden`. The result equals the plain pass to float rounding: the sampler
+`shared_prompts.shared_prompt_hidden`. The result equals the plain pass to float rounding: the sampler
 computed y one position at a time, the plain pass all positions in one matmul.
 
 The record is only used while it describes the model and the batch: same module, every parameter
@@ -30,13 +30,10 @@ from grpokit.fast.fused_ops import silu_mul_halves
 from grpokit.fast.native import kernels_for
 from grpokit.model.buckets import launch_tokens, length_buckets
 from grpokit.model.llama_layer import LayerSpec, decoder_layer, rms_norm, signed_sin
-from grpokit.model.logprobs import (
-    checkpointing_enabled,
-    head_logprobs,
-    position_ids_from_mask,
-)
+from grpokit.model.logprobs import head_logprobs
 from grpokit.model.lora import is_peft_model
 from grpokit.model.precision import compute_dtype
+from grpokit.model.shared_prompts import checkpointing_enabled, position_ids_from_mask
 
 
 class ActivationRecord:
@@ -302,16 +299,16 @@ def recording_policy(cfg, world_size: int, model):
     record), True (record), or for "auto" a function lengths [N] -> bool that the sampler asks whenever
     rows finish, dropping the record once it will not pay (`reuse_pays`, live rows counted at the limit).
 
-    Never with several processes, another sampler, PPO, dynamic sampling (its batches are merged), MCTS
-    rollouts (many decode calls, none over the batch's rows) or gradient checkpointing (which asks for
-    less memory than a record holds). "auto" also wants a model of REUSE_MIN_PARAMS or more and no
-    optim.micro_batch_size below the batch: the record is freed layer by layer only when one micro-batch
-    holds every row; with smaller ones it would be held through all of them, more memory than
-    micro-batching saves.
+    Never with packed updates (optim.padding_free), several processes, another sampler, PPO, dynamic
+    sampling (its batches are merged), MCTS rollouts (many decode calls, none over the batch's rows) or
+    gradient checkpointing (which asks for less memory than a record holds). "auto" also wants a model of
+    REUSE_MIN_PARAMS or more and no optim.micro_batch_size below the batch: the record is freed layer by
+    layer only when one micro-batch holds every row; with smaller ones it would be held through all of
+    them, more memory than micro-batching saves.
     """
     r, mb = cfg.rollout, cfg.optim.micro_batch_size
-    if not r.reuse_activations or world_size != 1 or r.backend not in ("auto", "fast") or r.dynamic_sampling \
-            or r.mcts_enabled \
+    if not r.reuse_activations or cfg.optim.padding_free or world_size != 1 \
+            or r.backend not in ("auto", "fast") or r.dynamic_sampling or r.mcts_enabled \
             or cfg.loss.algorithm != "grpo" or checkpointing_enabled(model) \
             or 0 < r.generation_batch_size < cfg.batch_size \
             or is_peft_model(model):   # several decode calls; LoRA: the decoder applies merged weights

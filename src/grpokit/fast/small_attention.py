@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 MAX_SCORES = 2**20        # B x query heads x Tq x Tk of one layer's scores
 NAME = "grpokit_sdpa"     # grpokit's entry in transformers' attention and mask registries
+LAYER_SCORES = "layer_scores"   # a packed pass (grpokit.model.packing): its layer's scores over all rows
 _UNSUPPORTED = ("softcap", "position_bias", "s_aux", "sinks", "sliding_window")
 
 
@@ -52,7 +53,8 @@ def _applies(query, key, value, mask, dropout: float, kwargs: dict) -> bool:
         return False
     B, Hq, Tq, _ = query.shape
     Hk, Tk = key.shape[1], key.shape[2]
-    if Hq % Hk or value.shape[1] != Hk or B * Hq * Tq * Tk > MAX_SCORES:
+    scores = kwargs.get(LAYER_SCORES) or B * Hq * Tq * Tk    # a packed pass: all its rows at this layer
+    if Hq % Hk or value.shape[1] != Hk or scores > MAX_SCORES:
         return False
     if mask is None:
         return Tq == Tk or Tq == 1        # plain causal, or one query over everything before it

@@ -4,7 +4,7 @@ A pass over rows R costs about (token-slots of its decoder input) + a fixed laun
 
 - every row runs its own prompt (`length_buckets` over prompt + completion lengths):
   |R| x max_len(R) + overhead;
-- rows that share a prompt run it once (`logprobs.shared_prompt_hidden`; a GRPO group of G rows):
+- rows that share a prompt run it once (`shared_prompts.shared_prompt_hidden`; a GRPO group of G rows):
   U(R) x max_prompt(R) + |R| x max_completion(R) + overhead, with U(R) the distinct prompts in R.
 
 `micro_batches` picks the second cost model when it is given the prompts (the caller knows the model
@@ -120,7 +120,7 @@ def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_
                   prompt_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Row indices of each micro-batch: prompt-aware buckets, length buckets, or consecutive slices.
 
-    prompt_ids: given when the pass runs each distinct prompt once (`logprobs.model_shares_prompts`):
+    prompt_ids: given when the pass runs each distinct prompt once (`shared_prompts.model_shares_prompts`):
     rows of one prompt are kept together (`prompt_buckets`), if some prompt has several rows.
     The fixed cost of a micro-batch is taken as ~40 ms of forward + backward at ~150 GFLOP/s, i.e.
     1e9 / n_params token-slots (about 900 for a 1M-parameter model, 40 for a 24M one, 7 for 135M): a
@@ -143,3 +143,39 @@ def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_
 def launch_tokens(n_params: int) -> float:
     """The fixed cost of one micro-batch in token-slots (see `micro_batches`)."""
     return 1e9 / max(n_params, 1)
+
+
+def token_budget_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_tokens: int,
+                         max_rows: int, prompt_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Micro-batches of packed rows by a token budget: each holds at most `max_tokens` real tokens (a row
+    longer than the budget goes alone) and at most `max_rows` rows.
+
+    A row costs its completion's real tokens plus its prompt's; with prompt_ids (the pass runs each
+    distinct prompt once) a prompt is paid once per micro-batch, and a group's rows are kept together,
+    longest completion first. Rows are taken in that order and a micro-batch closes when the next row
+    would overflow it: short completions fill one micro-batch with many rows, long ones with few.
+
+    Returns:
+        Index tensors (long) of the rows of each micro-batch; together a partition of range(N).
+    """
+    N = completion_mask.shape[0]
+    if N == 0:
+        return []
+    p_len = prompt_mask.sum(-1).cpu().tolist()
+    c_len = completion_mask.sum(-1).cpu()
+    inv = (_prompt_index(prompt_ids.cpu(), prompt_mask.cpu()) if prompt_ids is not None
+           else torch.arange(N))
+    order = sorted(range(N), key=lambda r: (int(inv[r]), -int(c_len[r]), r))
+    out, rows, seen, used = [], [], set(), 0
+    for r in order:
+        u = int(inv[r])
+        cost = int(c_len[r]) + (0 if prompt_ids is not None and u in seen else int(p_len[r]))
+        if rows and (used + cost > max_tokens or len(rows) == max_rows):
+            out.append(torch.tensor(rows))
+            rows, seen, used = [], set(), 0
+            cost = int(c_len[r]) + int(p_len[r])
+        rows.append(r)
+        seen.add(u)
+        used += cost
+    out.append(torch.tensor(rows))
+    return out

@@ -16,29 +16,20 @@ RMSNorm, grouped keys/values in SDPA) are switched on around it by `grpokit.swit
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from grpokit.model import speedups
+from grpokit.model import packing, speedups
 from grpokit.model.precision import autocast_for, head_dtype
+from grpokit.model.shared_prompts import (
+    can_share,
+    position_ids_from_mask,
+    prompt_groups,
+    shared_prompt_hidden,
+    uses_plain_head,
+)
 
-# Architectures whose decoder takes a transformers DynamicCache with the usual (ids, mask, positions):
-# each is in tests/model/test_architectures.py (sampled log-probs = a full forward, shared prompts = one row
-# at a time, greedy = model.generate). Not here, as their caches are not a DynamicCache of attention layers:
-# the hybrid linear-attention / Mamba models (jamba, bamba, granitemoehybrid, qwen3_next, falcon_h1, zamba2)
-# and MiniMax; they sample with model.generate (single-turn only).
-CACHE_MODEL_TYPES = (
-    "llama", "qwen2", "qwen3", "mistral", "ministral", "gemma", "gemma2", "gemma3_text", "phi", "phi3",
-    "olmo", "olmo2", "granite", "smollm3", "cohere", "cohere2", "glm", "glm4", "starcoder2", "stablelm",
-    "gpt_neox", "falcon", "exaone4", "ernie4_5", "hunyuan_v1_dense", "seed_oss", "apertus", "arcee", "helium",
-    "nemotron", "lfm2",
-    # mixture of experts
-    "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "gpt_oss", "granitemoe", "phimoe", "glm4_moe",
-    "ernie4_5_moe", "hunyuan_v1_moe")
-# Configs whose lm-head output is not plain `hidden @ W.T (+ b)`; they take the generic path.
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 # Under autograd the lm-head keeps each chunk's probabilities for backward when V <= this x H, or when
 # they are 16-bit (bf16 mixed precision) and all rows' take at most KEEP_PROBS_16BIT_BYTES; else recomputes.
 KEEP_PROBS_VOCAB_RATIO = 8
@@ -49,11 +40,6 @@ KEEP_PROBS_16BIT_BYTES = 256 * 2**20
 SOFTMAX_BLOCK_ROWS = 8
 # On a GPU the whole chunk is one block (0): there the per-block Python loop costs launches, not cache misses.
 SOFTMAX_BLOCK_ROWS_GPU = 0
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding, as `generate` computes them. [B, L]"""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def _tempered_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
@@ -117,13 +103,6 @@ def chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Te
     return logprobs, entropy
 
 
-def _uses_plain_head(model) -> bool:
-    cfg = getattr(model, "config", None)
-    if cfg is None or not hasattr(model, "get_decoder") or model.get_output_embeddings() is None:
-        return False
-    return not any(getattr(cfg, name, None) not in (None, 1.0) for name in _LOGIT_TRANSFORMS)
-
-
 def per_token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,          # [B, P + T] prompt (left-padded) followed by completion tokens
@@ -135,6 +114,7 @@ def per_token_logprobs(
     return_entropy: bool = False,
     share_prompts: bool = True,
     entropy_grad: bool = False,
+    padding_free: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of the last `completion_length` tokens of each row. Returns [B, T] (float32).
 
@@ -146,28 +126,44 @@ def per_token_logprobs(
             with entropy_grad, differentiable: an entropy bonus in the loss).
         share_prompts: rows with the same prompt (a GRPO group) run the prompt through the decoder once
             (`shared_prompt_hidden`); the result equals the plain pass to float rounding.
+        padding_free: the rows' real tokens packed end to end (`grpokit.model.packing`): no padding runs,
+            padding gets log-prob (and entropy) 0. Rows must be a left-padded prompt then a right-padded
+            completion (else the padded pass runs); under gradient checkpointing, inside
+            `packing.installed(model)` (its recompute in backward must see the packed attention too).
     """
     T = completion_length
     targets = input_ids[:, -T:]                                           # [B, T]
+    index = None
     with autocast_for(model):                                             # bf16 matmuls in mixed precision
-        hidden, weight, bias = _final_hidden(model, input_ids, attention_mask, T, share_prompts)
+        if padding_free and packing.packable(attention_mask, T):
+            hidden, index, weight, bias = packing.packed_final_hidden(model, input_ids, attention_mask, T,
+                                                               share_prompts)
+            targets = targets.flatten().index_select(0, index)[None]      # [1, n]
+        else:
+            hidden, weight, bias = _final_hidden(model, input_ids, attention_mask, T, share_prompts)
     dtype = head_dtype(model)
     # an fp32 head (cast_lm_head_to_fp32) computes in fp32 even inside the update's bf16 autocast
     fp32_head = torch.autocast(hidden.device.type, enabled=False) if dtype == torch.float32 else \
         contextlib.nullcontext()
     with fp32_head:
-        return head_logprobs(hidden, targets, weight, bias, temperature=temperature, chunk_rows=chunk_rows,
-                             return_entropy=return_entropy, compute_dtype=dtype, entropy_grad=entropy_grad)
+        out = head_logprobs(hidden, targets, weight, bias, temperature=temperature, chunk_rows=chunk_rows,
+                            return_entropy=return_entropy, compute_dtype=dtype, entropy_grad=entropy_grad)
+    if index is None:
+        return out
+    B = input_ids.shape[0]
+    if return_entropy:
+        return packing.unpack(out[0][0], index, B, T), packing.unpack(out[1][0], index, B, T)
+    return packing.unpack(out[0], index, B, T)
 
 
 def _final_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int, share_prompts: bool):
     """(hidden [B, T, H], lm-head weight, bias) that predict the last T tokens; (logits [B, T, V], None, None)
     for models whose head is not a plain linear."""
-    groups = (_prompt_groups(input_ids, attention_mask, T)
-              if share_prompts and _can_share(model, input_ids, T) else None)
+    groups = (prompt_groups(input_ids, attention_mask, T)
+              if share_prompts and can_share(model, input_ids, T) else None)
     if groups is not None and groups[0].shape[0] < input_ids.shape[0]:   # some prompt is used twice
         hidden = shared_prompt_hidden(model, input_ids, attention_mask, T, groups)  # [B, T, H]
-    elif _uses_plain_head(model):
+    elif uses_plain_head(model):
         out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                   position_ids=position_ids_from_mask(attention_mask))
         hidden = out.last_hidden_state[:, -T - 1:-1]                      # [B, T, H] predicts tokens -T..-1
@@ -276,121 +272,3 @@ def head_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Ten
     if return_entropy:
         return logprobs, torch.cat(entropies).view(B, T)
     return logprobs
-
-
-def can_share_prompts(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int) -> bool:
-    """Whether `shared_prompt_hidden` applies: a known cache-capable decoder with a plain lm-head, no
-    gradient checkpointing (transformers turns the cache off under it), and some prompt used twice."""
-    return _can_share(model, input_ids, T) and \
-        _prompt_groups(input_ids, attention_mask, T)[0].shape[0] < input_ids.shape[0]
-
-
-def model_shares_prompts(model) -> bool:
-    """The model-side conditions of `can_share_prompts`: a known cache-capable decoder, a plain lm-head, no
-    gradient checkpointing (no look at the prompts themselves)."""
-    cfg = getattr(model, "config", None)
-    return getattr(cfg, "model_type", "") in CACHE_MODEL_TYPES and _uses_plain_head(model) \
-        and not checkpointing_enabled(model)
-
-
-def _can_share(model, input_ids: torch.Tensor, T: int) -> bool:
-    """`model_shares_prompts` and a batch shape it applies to."""
-    return model_shares_prompts(model) and input_ids.shape[0] >= 2 and input_ids.shape[1] > T
-
-
-def _prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(distinct prompts [U, 2P] as ids then mask, the row -> prompt index [B])."""
-    P = input_ids.shape[1] - T
-    prompts = torch.cat([input_ids[:, :P], attention_mask[:, :P].to(input_ids.dtype)], 1)
-    return torch.unique(prompts, dim=0, return_inverse=True)
-
-
-def cache_kwarg(module) -> str:
-    """The forward's name for the KV cache: `cache` (transformers 5) or `past_key_values` (4.x)."""
-    fwd = type(module).forward if isinstance(module, torch.nn.Module) else module
-    try:
-        return "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
-    except (TypeError, ValueError):
-        return "cache"
-
-
-def checkpointing_enabled(model) -> bool:
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model   # a PeftModel: its base
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):   # transformers 5 / 4 names
-        if hasattr(type(model), name):                                    # a property of the class
-            return bool(getattr(model, name))
-    return False
-
-
-def shared_prompt_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int,
-                         groups: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Final hidden states [B, T, H] that predict the last T tokens, each distinct prompt run once.
-
-    GRPO scores G completions of one prompt, so a plain pass runs the prompt's P tokens G times. Here
-    the U distinct prompts go through the decoder once ([U, P]); their keys/values are gathered to the
-    B rows (an index select, so the backward sums the G rows' gradients into the one prompt pass); the
-    completions then run on that cache. Token t's prediction comes from position P + t - 1: the
-    prompt's last hidden state for t = 0, the completion pass for t >= 1. Cost: U*P + B*T token
-    forwards instead of B*(P + T). `groups`: the `_prompt_groups` result when the caller already has it.
-    """
-    P = input_ids.shape[1] - T
-    uniq, inv = groups if groups is not None else _prompt_groups(input_ids, attention_mask, T)  # [U, 2P], [B]
-    p_ids, p_mask = uniq[:, :P], uniq[:, P:].to(attention_mask.dtype)
-    dec = model.get_decoder()
-    cache_arg = cache_kwarg(dec)
-    return _two_pass_hidden(dec, cache_arg, model.config, input_ids, attention_mask, p_ids, p_mask, inv, T)
-
-
-def _two_pass_hidden(dec, cache_arg: str, config, input_ids, attention_mask, p_ids, p_mask, inv, T: int):
-    """The prompt pass over [U, P], then the completion pass over [B, T - 1] on the gathered cache."""
-    from transformers import DynamicCache
-
-    P = p_ids.shape[1]
-    first = dec(input_ids=p_ids, attention_mask=p_mask, position_ids=position_ids_from_mask(p_mask),
-                use_cache=True, **{cache_arg: DynamicCache(config=config)})
-    cache = first.past_key_values if getattr(first, "cache", None) is None else first.cache
-    last = first.last_hidden_state[:, -1:].index_select(0, inv)           # [B, 1, H]
-    if T == 1:
-        return last
-    _select_cache_rows(cache, inv)                                        # [U, ...] -> [B, ...]
-    rest = dec(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
-               position_ids=position_ids_from_mask(attention_mask)[:, P:-1], use_cache=True,
-               **{cache_arg: cache})
-    return torch.cat([last, rest.last_hidden_state], 1)                   # [B, T, H]
-
-
-def _select_cache_rows(cache, rows: torch.Tensor) -> None:
-    """Gather cache rows with `index_select`, whose backward (`index_add_`) sums the G rows of a prompt in
-    row order on the CPU; on CUDA (where index_add_ adds with atomics) by `GatherRows`. Advanced indexing
-    (what `Cache.batch_select_indices` does) accumulates its backward with atomic adds over threads on
-    CPU, so two identical runs would differ in the last bits."""
-    layers = getattr(cache, "layers", None)
-    if not layers or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
-        cache.batch_select_indices(rows)                                  # another cache layout
-        return
-    for layer in layers:
-        gather = GatherRows.apply if layer.keys.device.type == "cuda" else torch.Tensor.index_select
-        layer.keys, layer.values = gather(layer.keys, 0, rows), gather(layer.values, 0, rows)
-
-
-class GatherRows(torch.autograd.Function):
-    """x[rows] (x [U, ...], rows [B]) whose backward sums each source row's gradients in a fixed order:
-    a one-hot [U, B] matmul, which repeats bit for bit on a GPU where `index_add_` (index_select's
-    backward) adds with atomics in whatever order the threads arrive."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, rows: torch.Tensor) -> torch.Tensor:
-        assert dim == 0, "GatherRows gathers rows (dim 0)"
-        ctx.save_for_backward(rows)
-        ctx.sources = x.shape[0]
-        return x.index_select(0, rows)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (rows,) = ctx.saved_tensors
-        B = rows.numel()
-        onehot = torch.zeros(ctx.sources, B, dtype=grad.dtype, device=grad.device)     # [U, B]
-        onehot[rows, torch.arange(B, device=rows.device)] = 1
-        summed = onehot @ grad.reshape(B, -1)                                          # [U, prod(...)]
-        return summed.view(ctx.sources, *grad.shape[1:]), None, None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from grpokit.model.logprobs import cache_kwarg, position_ids_from_mask
+from grpokit.model.shared_prompts import cache_kwarg, position_ids_from_mask
 
 
 class CachedEngine:

@@ -234,8 +234,9 @@ def _begin_turns(model, backend: str, use_fast: bool, driver: TurnDriver, prompt
     if not use_fast:
         raise ValueError(f"tool calling needs grpokit's sampler, which does not cover this architecture "
                          f"({getattr(model.config, 'model_type', '?')}) or rollout.backend={backend}: use "
-                         f"rollout.backend=auto and one of the {len(sampler.FAST_MODEL_TYPES)} architectures "
-                         "of grpokit.model.logprobs.CACHE_MODEL_TYPES (hybrid linear-attention ones are not)")
+                         f"rollout.backend=auto and one of the {len(sampler.FAST_MODEL_TYPES)} "
+                         "architectures of grpokit.model.shared_prompts.CACHE_MODEL_TYPES (hybrid "
+                         "linear-attention ones are not)")
     rows = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask)]
     driver.begin([r for r in rows for _ in range(group_size)])
 

@@ -36,9 +36,9 @@ import torch.nn.functional as F
 from grpokit.model import speedups
 from grpokit.model.llama_layer import LayerSpec, decoder_layer, gated_mlp_input, rms_norm, signed_sin
 from grpokit.model.loading import eval_mode
-from grpokit.model.logprobs import CACHE_MODEL_TYPES, position_ids_from_mask
 from grpokit.model.lora import effective_linear
 from grpokit.model.precision import autocast_for, compute_dtype
+from grpokit.model.shared_prompts import CACHE_MODEL_TYPES, position_ids_from_mask
 from grpokit.rollout.cached_engine import CachedEngine
 from grpokit.rollout.decode_linear import DecodeLinear, fused
 from grpokit.rollout.sampling import pick_tokens, rows_to_keep

@@ -9,6 +9,7 @@ change in `optimizer_step` (clip, `optimizer.step()`, schedule step), at the bot
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,11 +22,12 @@ from grpokit.core.loss import (
     logprob_mismatch,
     truncated_is_weights,
 )
-from grpokit.model import speedups
-from grpokit.model.buckets import micro_batches
-from grpokit.model.logprobs import model_shares_prompts, per_token_logprobs
+from grpokit.model import packing, speedups
+from grpokit.model.buckets import micro_batches, token_budget_batches
+from grpokit.model.logprobs import per_token_logprobs
 from grpokit.model.precision import autocast_for
 from grpokit.model.reference import weights_owner
+from grpokit.model.shared_prompts import model_shares_prompts
 from grpokit.observe.metrics import PhaseTimer
 from grpokit.rollout.groups import Rollout
 from grpokit.train.state import TrainState
@@ -60,25 +62,35 @@ def forward_logprobs(model, rollout: Rollout, cfg: GRPOConfig, fn=per_token_logp
     out = torch.zeros(N, T, device=rollout.completion_ids.device)
     n_params = sum(p.numel() for p in weights_owner(model).parameters())   # LoRA's reference holds none
     shared = rollout.prompt_ids if model_shares_prompts(model) else None   # each prompt once per micro-batch
+    packed = {"padding_free": True} if cfg.optim.padding_free else {}
     with torch.inference_mode():   # rows of similar length together: little padding (buckets.micro_batches)
-        for rows in micro_batches(rollout.prompt_mask, rollout.completion_mask, mb, n_params,
-                                  prompt_ids=shared):
+        for rows in _plan(cfg, rollout, mb, n_params, shared, by_length=True):
             rows = rows.to(out.device)
-            lp, t = rows_logprobs(model, rollout, rows, cfg.rollout.temperature, fn=fn)
+            lp, t = rows_logprobs(model, rollout, rows, cfg.rollout.temperature, fn=fn, **packed)
             out[rows, :t] = lp
     return out.clone()  # leave inference mode: usable in autograd as a constant
+
+
+def _plan(cfg: GRPOConfig, rollout: Rollout, max_rows: int, n_params: int, shared, by_length: bool):
+    """The micro-batches: by optim.max_tokens_per_micro_batch (packed rows) when set, else by rows."""
+    if cfg.optim.max_tokens_per_micro_batch:
+        return token_budget_batches(rollout.prompt_mask, rollout.completion_mask,
+                                    cfg.optim.max_tokens_per_micro_batch, max_rows, prompt_ids=shared)
+    return micro_batches(rollout.prompt_mask, rollout.completion_mask, max_rows, n_params,
+                         by_length=by_length, prompt_ids=shared)
 
 
 def micro_batch_plan(state: TrainState, rollout: Rollout) -> list[torch.Tensor]:
     """The update's micro-batches (row indices each), optim.micro_batch_size rows at most: rows of similar
     length together (`buckets.micro_batches`), a group's prompt kept in one where the pass runs it once;
     bnpo normalizes per micro-batch, so it keeps the plain consecutive slices (its math does not depend
-    on the lengths)."""
+    on the lengths). With optim.max_tokens_per_micro_batch, by that token budget (`token_budget_batches`;
+    bnpo's normalization then follows the budget's micro-batches)."""
     N = rollout.completion_ids.shape[0]
     n_params = sum(p.numel() for p in state.model.parameters())
     shared = rollout.prompt_ids if model_shares_prompts(state.model) else None
-    return micro_batches(rollout.prompt_mask, rollout.completion_mask, state.cfg.optim.micro_batch_size or N,
-                         n_params, by_length=state.cfg.loss.loss_type != "bnpo", prompt_ids=shared)
+    return _plan(state.cfg, rollout, state.cfg.optim.micro_batch_size or N, n_params, shared,
+                 by_length=state.cfg.loss.loss_type != "bnpo")
 
 
 # How a micro-batch's metric joins the step's figure: token-weighted mean, completion-weighted mean, plain
@@ -134,10 +146,13 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
     # length buckets; inside the switch, the decision to reuse the sampler's record
     groups, record, last_use = speedups.active().update_plan(state, rollout, micro_batch_plan)
     bonus = bonus_enabled(cfg)
-    if bonus and record is not None:      # the entropy needs its gradient: the plain pass, not the reuse
-        record.release()
+    if (bonus or cfg.optim.padding_free) and record is not None:   # the entropy needs its gradient, packed
+        record.release()                                           # rows are not the record's: plain pass
         record, last_use = None, False
-    grad_entropy = {"entropy_grad": True} if bonus else {}
+        groups = micro_batch_plan(state, rollout)
+    pass_kw = {"entropy_grad": True} if bonus else {}
+    if cfg.optim.padding_free:
+        pass_kw["padding_free"] = True
     n_micro = len(groups)
     # Normalizers over the whole generation batch, all ranks (grpokit.train.distributed); one process:
     # N, tokens
@@ -156,14 +171,16 @@ def policy_update(state: TrainState, rollout: Rollout, advantages: torch.Tensor,
         filters = filters._replace(entropy_scale=1.0 if lo.loss_type == "bnpo" else 1.0 / total["micro"])
         sums: dict[str, torch.Tensor] = {}
         loss_finite = torch.tensor(True)
-        # one autocast scope for all micro-batches: in bf16 each fp32 weight is cast once per update
-        with autocast_for(state.model):
+        # one autocast scope for all micro-batches: in bf16 each fp32 weight is cast once per update; packed
+        # attention in force through backward (a checkpointed layer's recompute needs it)
+        packed_scope = packing.installed(state.model) if cfg.optim.padding_free else contextlib.nullcontext()
+        with autocast_for(state.model), packed_scope:
             for g, rows in enumerate(groups):
                 rows = rows.to(loss_mask.device)
                 dist.sync_grads(state.model, g == n_micro - 1)   # reduce over ranks on the last one only
                 (new_lp, entropy), T = rows_logprobs(state.model, rollout, rows, cfg.rollout.temperature,
                                                       fn=logprobs_fn, record=use, consume=last_use,
-                                                      return_entropy=True, **grad_entropy)
+                                                      return_entropy=True, **pass_kw)
                 m = loss_mask[rows, :T]
                 a = advantages[rows] if advantages.dim() == 1 else advantages[rows, :T]
                 tis, tis_mets, sampled = _sampler_weights(state, rollout, rows, new_lp, old_lp, m, T, it == 0)

@@ -10,6 +10,7 @@ grpokit's config or refused with a one-line reason (`grpokit.trl.fields`, docs/c
     translate  a TRL config to grpokit's GRPOConfig;   inputs: datasets, reward functions, peft configs
     generation_batch  steps_per_generation / generation_batch_size -> rollout.steps_per_generation
     trainer    GRPOTrainer: train(), evaluate(), save_model(), callbacks, on grpokit.train.loop.train_grpo
+    dataloaders  get_train_dataloader() / get_eval_dataloader(): TRL's batch layout, grpokit's order
     logs       state.log_history and _logs as TRL writes them; evaluation: TRL's eval_loss and metrics
     generation transformers-generate options (min_p, repetition_penalty, generation_kwargs) for a run
     agents     its tools=, environment_factory=, rollout_func= (grpokit.agents)
