@@ -135,12 +135,12 @@ def trl_side(args) -> dict:
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
     from grpokit.cli.recipebench import reset_peak
     from grpokit.config.schema import load_config
     from grpokit.model.loading import load_model_and_tokenizer
     from grpokit.observe.metrics import peak_rss_mib
+    from trl import GRPOConfig, GRPOTrainer
 
     cfg = load_config(str(CONFIG), overrides(args, "padded"))
     model, tok = load_model_and_tokenizer(cfg.model)
