@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -130,8 +131,6 @@ def grpokit_side(args, side: str) -> dict:
 
 def trl_side(args) -> dict:
     """Step 2 for TRL: its trainer on the saved tokens (rollout_func), the same micro-batches."""
-    import os
-
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -266,9 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     result = summary(sampled, runs)
     print(json.dumps(result), flush=True)
     if args.record:
+        head = {"command": "python benchmarks/ragged_update.py " + " ".join(argv),
+                "date": time.strftime("%Y-%m-%d"), "machine": f"{_cpu()}, {os.cpu_count()} cores"}
         with open(args.record, "a") as f:
-            for row in [sampled, *runs, result]:
-                f.write(json.dumps({**row, "commit": _commit(), "cpu": _cpu()}) + "\n")
+            for row in [sampled, *runs, {**result, "summary": True}]:
+                f.write(json.dumps({**head, **row, "commit": _commit(), "cpu": _cpu()}) + "\n")
     return 0
 
 

@@ -12,6 +12,7 @@ from . import (
     precision,
     qlora,
     race,
+    ragged,
     readme,
     real_model,
     reliability,
@@ -21,7 +22,7 @@ from . import (
 )
 
 PAGES = (
-    readme, experiments, reward_models, memory, qlora, performance, gains, precision, race, real_model,
-    search, asynchronous, agents, vllm, reliability, code,
+    readme, experiments, reward_models, memory, qlora, performance, ragged, gains, precision, race,
+    real_model, search, asynchronous, agents, vllm, reliability, code,
 )
 BLOCKS = [block for page in PAGES for block in page.BLOCKS]

@@ -118,3 +118,15 @@ def test_row_mask_is_causal_with_its_prefix_and_window():
     assert packing.row_mask(4, 0, None, "cpu") is None             # plain causal
     add = packing.row_mask(2, 0, None, "cpu", torch.float32)[0, 0]
     assert add[0, 1] == torch.finfo(torch.float32).min and add[1, 0] == 0
+
+
+def test_a_checkpointed_layer_that_drops_the_layout_raises_instead_of_attending_across_rows(tok):
+    """StableLM's layers do not pass keyword arguments on to their attention: the forward finds the layout
+    where the packed pass put it, but a recompute in backward cannot, and says so."""
+    model = testing.family_model("stablelm", len(tok), tok.eos_token_id, tok.pad_token_id).train()
+    ids, mask, T = ragged_batch(len(tok), seed=4)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with packing.installed(model):
+        lp = per_token_logprobs(model, ids, mask, T, padding_free=True)
+        with pytest.raises(RuntimeError, match="without its layout"):
+            lp.sum().backward()
