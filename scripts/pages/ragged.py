@@ -67,13 +67,14 @@ TABLE = Table(
          "the sides in the order padded, packed, TRL, then reversed. Train s: the reference pass, the "
          "policy's forward and backward and AdamW, no sampling. Token-slots: what the update's micro-batches "
          "run (padded: distinct prompts x prompt width + rows x longest completion; padding-free: the real "
-         "tokens, a group's prompt once). Goal (issue 59): the padding-free update's time over the padded "
-         "one's within 10% of its token-slots over the padded ones': {packed_over_padded_update:.3f} against "
-         "{real_over_padded_slots:.3f}, {gap:percent} above it, **{met}**. The padded plan already cuts most of "
-         "the padding (length buckets inside each group, each prompt run once): the padding-free update "
-         "runs {real_over_padded_slots:percent} of its token-slots. TRL takes {trl_over_padded_train:ratio} "
-         "grpokit's padded train time; grpokit's padded peak is {padded_over_trl_peak:.2f} of TRL's. Raw "
-         "rows: `benchmarks/results/ragged_update.jsonl`.",
+         "tokens, a group's prompt once). Goal (issue 59): the padding-free update's time over the "
+         "padded one's within 10% of its token-slots over the padded ones': "
+         "{packed_over_padded_update:.3f} against {real_over_padded_slots:.3f}, {gap:percent} above it, "
+         "**{met}**. The padded plan already cuts most of the padding (length buckets inside each group, "
+         "each prompt run once): the padding-free update runs {real_over_padded_slots:percent} of its "
+         "token-slots. TRL takes {trl_over_padded_train:ratio} grpokit's padded train time; grpokit's "
+         "padded peak is {padded_over_trl_peak:.2f} of TRL's. Raw rows: "
+         "`benchmarks/results/ragged_update.jsonl`.",
     figures=_figures,
 )
 
