@@ -58,13 +58,19 @@ class Layout:
     prefix_lengths: list[int] | None = None
     cache: object | None = None
 
+    def prefix_length(self, layer: int, row: int) -> int:
+        """How many cached prompt keys row attends to at this layer (0 in plain mode); a sliding-window
+        layer's cache keeps only its last window tokens."""
+        if self.cache is None:
+            return 0
+        return min(self.prefix_lengths[row], self.cache.layers[layer].keys.shape[2])
+
     def prefix(self, layer: int, row: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The cached keys and values [1, Hk, p, D] of row's prompt at this layer (real tokens only)."""
         if self.cache is None:
             return None
-        u, p = self.prefix_rows[row], self.prefix_lengths[row]
+        u, p = self.prefix_rows[row], self.prefix_length(layer, row)
         layer_cache = self.cache.layers[layer]
-        p = min(p, layer_cache.keys.shape[2])       # a sliding-window layer keeps its last window tokens
         return layer_cache.keys[u:u + 1, :, -p:], layer_cache.values[u:u + 1, :, -p:]
 
 
@@ -113,8 +119,7 @@ def packed_attention(module, query, key, value, attention_mask, *args, previous:
         return fn(module, query, key, value, attention_mask, *args, **kwargs)
     window = kwargs.pop("sliding_window", None)
     eager = previous == "eager"
-    prefixes = [0 if layout.cache is None else min(p, layout.cache.layers[module.layer_idx].keys.shape[2])
-                for p in (layout.prefix_lengths or [0] * len(layout.lengths))]
+    prefixes = [layout.prefix_length(module.layer_idx, r) for r in range(len(layout.lengths))]
     # the layer's scores over all rows, as one padded call would count them (fast.small_attention's limit)
     kwargs["layer_scores"] = query.shape[1] * sum(n * (n + p) for n, p in zip(layout.lengths, prefixes))
     outs = []
