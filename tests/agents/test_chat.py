@@ -93,7 +93,7 @@ def test_tools_render_into_the_prompt_and_completions_are_messages():
     cfg = build_config(CFG)
     torch.manual_seed(0)
     examples = [Example(chat_messages(p), "", {}) for p in PROMPTS]
-    r, _ = agent_from_config(cfg).sample(model, tok, examples, 2, cfg)
+    r = agent_from_config(cfg).sample(model, tok, examples, 2, cfg)
     prompt = tok.decode(r.prompt_ids[0][r.prompt_mask[0].bool()])
     assert prompt.startswith("<|im_start|>system\nmultiply <|im_end|>")
     two = [i for i, t in enumerate(r.trajectories) if len(t.turns) == 2 and t.turns[0].calls]
@@ -110,7 +110,7 @@ def test_a_template_that_is_not_prefix_preserving_keeps_the_stream_and_counts_th
     cfg = build_config(CFG)
     torch.manual_seed(0)
     examples = [Example(chat_messages(p), "", {}) for p in PROMPTS]
-    r, _ = agent_from_config(cfg).sample(model, tok, examples, 2, cfg)
+    r = agent_from_config(cfg).sample(model, tok, examples, 2, cfg)
     turns = [len(t.turns) for t in r.trajectories]
     assert max(turns) >= 2
     assert [t.non_prefix_turns for t in r.trajectories] == [n - 1 for n in turns]

@@ -30,7 +30,7 @@ def multi_turn(seed: int = 0, engine: str = "lean", **over):
     examples = [Example(p, "", {}) for p in PROMPTS]
     hook = model.model.norm.register_forward_hook(lambda *a: None) if engine == "cached" else None
     with switch.accelerated(model, cfg) if engine == "accelerated" else switch.plain():
-        rollout, _ = agent_from_config(cfg).sample(model, tok, examples, 4, cfg)
+        rollout = agent_from_config(cfg).sample(model, tok, examples, 4, cfg)
     if hook is not None:
         hook.remove()
     assert sum(len(t.turns) > 1 for t in rollout.trajectories) >= 4, "the model should call its tool"
@@ -94,7 +94,7 @@ def test_a_rollout_with_tools_is_reproducible_whatever_the_tools_latency():
     for _ in range(2):
         torch.manual_seed(3)
         agent = Agent([slow_multiply], None, seed=0)
-        r, _ = agent.sample(model, tok, [Example(p, "", {}) for p in PROMPTS], 4, cfg)
+        r = agent.sample(model, tok, [Example(p, "", {}) for p in PROMPTS], 4, cfg)
         runs.append(r)
     assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
     assert torch.equal(runs[0].sampling_logprobs, runs[1].sampling_logprobs)

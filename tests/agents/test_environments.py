@@ -33,8 +33,8 @@ def test_each_rollout_gets_its_own_environment_whose_methods_are_its_tools():
     cfg = build_config({**BASE, "rollout.environment": "agent_envs:DiceCalculator", "reward.funcs": {}})
     agent = agent_from_config(cfg)
     assert [n for n, _, _ in agent.reward_funcs] == ["DiceCalculator"]     # TRL: named after the class
-    (r, extra), _ = _sample(agent, cfg, [Example(p, "", {}) for p in PROMPTS])
-    envs = extra["environments"]
+    r, _ = _sample(agent, cfg, [Example(p, "", {}) for p in PROMPTS])
+    envs = r.reward_kwargs["environments"]
     assert len(envs) == 8 and len({id(e) for e in envs}) == 8 and all(type(e) is DiceCalculator for e in envs)
     for env, traj in zip(envs, r.trajectories):      # each row's calls went to its own instance
         assert env.calls == sum(c.error is None for c in traj.calls)
@@ -45,7 +45,7 @@ def test_each_rollout_gets_its_own_environment_whose_methods_are_its_tools():
 def test_reset_text_is_appended_to_the_prompt():
     agent = Agent([], {None: Greeter}, seed=0)
     cfg = build_config(BASE)
-    (r, _), tok = _sample(agent, cfg, [Example("What is 12*34?", "", {"name": "Ada"})], G=2)
+    r, tok = _sample(agent, cfg, [Example("What is 12*34?", "", {"name": "Ada"})], G=2)
     assert r.prompts[0] == "What is 12*34? Hello Ada."
     assert tok.decode(r.prompt_ids[0][r.prompt_mask[0].bool()]) == "What is 12*34? Hello Ada."
 
@@ -55,8 +55,9 @@ def test_a_dict_of_factories_routes_rows_and_offers_only_their_environment_tools
     cfg = build_config(BASE)
     rows = [Example("What is 12*34?", "", {"environment": "calc"}),
             Example("What is 56*78?", "", {"environment": "greet"})]
-    (r, extra), _ = _sample(agent, cfg, rows)
-    assert [type(e).__name__ for e in extra["environments"]] == ["DiceCalculator"] * 2 + ["Greeter"] * 2
+    r, _ = _sample(agent, cfg, rows)
+    kinds = [type(e).__name__ for e in r.reward_kwargs["environments"]]
+    assert kinds == ["DiceCalculator"] * 2 + ["Greeter"] * 2
     assert r.prompts[2] == "What is 56*78?"        # 'environment' routes; reset does not receive it
     calls = [c for t in r.trajectories[2:] for c in t.calls]        # Greeter's tool is wave, not multiply
     assert calls and all("no tool named 'multiply'" in c.error for c in calls)
@@ -107,7 +108,7 @@ def test_guesses_after_the_yes_are_counted_and_cost_reward():
 def test_async_environment_tools_of_a_step_overlap():
     AsyncCalculator.log.clear()
     agent = Agent([], {None: AsyncCalculator}, seed=0)
-    (r, _), _ = _sample(agent, build_config(BASE), [Example(p, "", {}) for p in PROMPTS], G=2, greedy=True)
+    r, _ = _sample(agent, build_config(BASE), [Example(p, "", {}) for p in PROMPTS], G=2, greedy=True)
     assert len(AsyncCalculator.log) >= 4           # greedy: every row calls at the same step
     assert max(b for b, _ in AsyncCalculator.log) < min(e for _, e in AsyncCalculator.log)
 

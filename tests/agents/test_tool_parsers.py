@@ -128,7 +128,7 @@ def test_a_llama_style_rollout_runs_the_tool_and_feeds_its_result():
                         "rollout.max_completion_length": 200, "model.device": "cpu"})
     torch.manual_seed(0)
     examples = [Example(chat_messages(p), "", {}) for p in PROMPTS]
-    r, _ = agent_from_config(cfg).sample(model, tok, examples, 2, cfg)
+    r = agent_from_config(cfg).sample(model, tok, examples, 2, cfg)
     assert all(t.turns[0].calls for t in r.trajectories)   # each first turn is a call (some garbled: errors)
     ran = [(i, t.turns[0].calls[0]) for i, t in enumerate(r.trajectories)
            if t.turns[0].calls[0].error is None]

@@ -180,7 +180,7 @@ def _rollout(tool, **over):
     cfg = build_config({"rollout.max_completion_length": 120, "model.device": "cpu", **over})
     agent = Agent([tool], None, seed=0)
     torch.manual_seed(0)
-    rollout, _ = agent.sample(model, tok, [Example(p, "", {}) for p in PROMPTS], 2, cfg)
+    rollout = agent.sample(model, tok, [Example(p, "", {}) for p in PROMPTS], 2, cfg)
     return rollout
 
 

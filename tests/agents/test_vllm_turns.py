@@ -96,7 +96,7 @@ def _sample(state, engine, seed: int = 0, examples=EXAMPLES):
     state.rollout_engine = VLLMRollouts(engine, colocate=True)
     torch.manual_seed(seed)
     return state.agent.sample(state.model, state.tokenizer, examples, 4, state.cfg,
-                              sampler=vllm_agent_sampler(state))[0]
+                              sampler=vllm_agent_sampler(state))
 
 
 def test_engine_turns_keep_the_contract_token_in_token_out(tmp_path):
@@ -198,7 +198,7 @@ def test_server_mode_gives_the_same_rollout_over_http(tmp_path):
         state.rollout_engine = VLLMRollouts(ServerEngine(f"http://127.0.0.1:{server.server_address[1]}"),
                                             colocate=False)
         torch.manual_seed(0)
-        remote = state.agent.sample(model, tok, EXAMPLES, 4, state.cfg, sampler=vllm_agent_sampler(state))[0]
+        remote = state.agent.sample(model, tok, EXAMPLES, 4, state.cfg, sampler=vllm_agent_sampler(state))
     finally:
         server.shutdown()
         server.server_close()

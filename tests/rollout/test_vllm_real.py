@@ -153,7 +153,7 @@ def check_tool_loop(tmp_path, engine, colocate: bool, **over) -> None:
     state = build_state(cfg, model, tok, train_examples=examples)
     state.rollout_engine = VLLMRollouts(engine, colocate=colocate)
     torch.manual_seed(0)
-    r, _ = state.agent.sample(model, tok, examples, 4, cfg, sampler=vllm_agent_sampler(state))
+    r = state.agent.sample(model, tok, examples, 4, cfg, sampler=vllm_agent_sampler(state))
     T = r.completion_ids.shape[1]
     with torch.no_grad():
         full = per_token_logprobs(model, r.input_ids, r.attention_mask, T)

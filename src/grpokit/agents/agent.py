@@ -1,12 +1,13 @@
 """`Agent`: what a run samples with when it has tools or environments, and `agent_from_config`.
 
     agent = agent_from_config(cfg)                    # rollout.tools / rollout.environment, or None
-    rollout, extra = agent.sample(model, tokenizer, examples, G, cfg)
+    rollout = agent.sample(model, tokenizer, examples, G, cfg)
 
 `Agent.sample` does, per batch: one environment per rollout from the pool, reset with its row (the
 returned text appended to the prompt); each row's tools (the standalone ones plus its environment's
 methods); the prompts rendered with the tools' schemas (chat format); then grpokit's sampler with a
-`ToolDriver`. `extra` holds what reward functions receive besides the columns: `environments=`.
+`ToolDriver`. The rollout's `reward_kwargs` hold what reward functions receive besides the columns:
+`environments=` (one per row).
 A `rollout_func` (TRL's) replaces all of this (`grpokit.agents.custom_rollout`).
 """
 
@@ -134,8 +135,9 @@ class Agent:
 
     def sample(self, model, tokenizer, examples: list, group_size: int, cfg: Any, *, greedy: bool = False,
                evaluation: bool = False, sampler: Callable[..., Rollout] | None = None
-               ) -> tuple[Rollout, dict[str, Any]]:
-        """G rollouts per example with the tools (and environments): (rollout, extra reward keywords).
+               ) -> Rollout:
+        """G rollouts per example with the tools (and environments); their reward keywords
+        (`environments=`) in its `reward_kwargs`.
 
         sampler: another engine's multi-turn sampler, sampler(prompts, group_size, driver=, tools=) ->
         Rollout (rollout.backend=vllm: `grpokit.rollout.vllm_backend.vllm_agent_sampler`); None: grpokit's
@@ -183,7 +185,8 @@ class Agent:
         if not shared:   # one prefill per row; the groups are still the G rows of an example
             group_ids = torch.arange(len(examples), device=rollout.group_ids.device).repeat_interleave(G)
             rollout = dataclasses.replace(rollout, group_size=G, group_ids=group_ids)
-        return rollout, ({"environments": envs} if envs is not None else {})
+        return dataclasses.replace(rollout, reward_kwargs={"environments": envs}) if envs is not None \
+            else rollout
 
     def _tools_of(self, env: Any) -> dict[str, Tool]:
         tools = {t.name: t for t in self.tools}

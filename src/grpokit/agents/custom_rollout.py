@@ -55,8 +55,9 @@ def _trajectory(env_mask: list[int]) -> Trajectory:
 
 
 def rollout_from_func(fn: Callable, trainer: Any, rows: list[dict], tokenizer, group_size: int,
-                      eos_ids: list[int]) -> tuple[Rollout, dict[str, Any]]:
-    """Call TRL's rollout_func on the batch's prompts: (rollout, its extra fields for the rewards)."""
+                      eos_ids: list[int]) -> Rollout:
+    """Call TRL's rollout_func on the batch's prompts: a rollout, its extra fields (for the rewards) in
+    its `reward_kwargs`."""
     n = len(rows)
     out = fn([row["prompt"] for row in rows], trainer)
     _check(out, n)
@@ -73,5 +74,6 @@ def rollout_from_func(fn: Callable, trainer: Any, rows: list[dict], tokenizer, g
         lengths=[len(c) for c in out["completion_ids"]], cut_at_eos=False,         # the ids as they are
         sampling_logprobs=pad_rows(out["logprobs"], T, 0.0, dtype=torch.float32),
         model_mask=None if env is None else pad_rows(env, T, 0),
-        trajectories=None if env is None else [_trajectory(list(e)) for e in env])
-    return rollout, {k: list(v) for k, v in out.items() if k not in (*REQUIRED, "env_mask")}
+        trajectories=None if env is None else [_trajectory(list(e)) for e in env],
+        reward_kwargs={k: list(v) for k, v in out.items() if k not in (*REQUIRED, "env_mask")})
+    return rollout

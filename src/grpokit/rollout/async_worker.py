@@ -41,6 +41,7 @@ import torch
 from grpokit import switch
 from grpokit.model.logprobs import per_token_logprobs
 from grpokit.model.precision import autocast_for
+from grpokit.rollout.contract import from_plain, plain_fields
 from grpokit.rollout.groups import Rollout, sample_groups
 from grpokit.rollout.vllm_backend import SamplingSpec, ServerEngine, engine_rollout
 
@@ -135,13 +136,13 @@ def rollout_fields(rollout: Rollout) -> dict[str, Any]:
     """The Rollout's fields as plain tensors, lists and numbers (loadable with weights_only=True)."""
     if rollout.trajectories is not None:
         raise ValueError("asynchronous rollouts are single-turn: this rollout has trajectories")
-    return {f.name: getattr(rollout, f.name) for f in dataclasses.fields(rollout) if f.name != "trajectories"}
+    return plain_fields(rollout)
 
 
 def rollout_from(payload: bytes | dict[str, Any]) -> Rollout:
     """The Rollout `rollout_payload` (bytes) or `rollout_fields` (a dict) describes."""
     fields = torch.load(io.BytesIO(payload), weights_only=True) if isinstance(payload, bytes) else payload
-    return Rollout(**fields)
+    return from_plain(fields)
 
 
 def sample_batch(model: torch.nn.Module, tokenizer, prompts: list, kw: dict[str, Any]) -> Rollout:

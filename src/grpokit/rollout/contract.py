@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from grpokit.rollout.trajectory import Trajectory
+from grpokit.rollout.tree import TreeSpec
 
 
 @dataclass
@@ -59,6 +60,15 @@ class Rollout:
     model_mask: torch.Tensor | None = None
     trajectories: list[Trajectory] | None = None  # N records (turns, tool calls, stop); None: one turn
     policy_lag: int = 0   # rollout.async: policy versions between the sampling weights and the trainer's
+    # What the sampler knows of its rows, said here rather than re-derived from the config downstream:
+    tree: TreeSpec | None = None      # the groups were sampled as trees of this shape (rollout.tree.*):
+                                      # advantages add each segment's term, metrics count nodes once
+    unrun: torch.Tensor | None = None  # [N] bool, MCTS: simulations the token budget left unrun (empty
+                                       # rows: rewards NaN, out of their group's mean and std)
+    reward_kwargs: dict[str, list] = field(default_factory=dict)  # per-row keywords for the reward
+                                      # functions beside the columns: environments=, rollout_func's fields
+    sampler_stats: dict[str, float] = field(default_factory=dict)  # the sampler's sums for the step's
+                                      # metrics (MCTS: decoded and prefill tokens, nodes, values)
 
     @property
     def loss_mask(self) -> torch.Tensor:
@@ -83,9 +93,7 @@ class Rollout:
     def to(self, device: torch.device | str | None) -> Rollout:
         """The same rollout with its tensors on `device` (itself when they are there already, or None):
         rollouts built on the CPU (a vLLM server's samples, a rollout_func's ids) meet a CUDA policy."""
-        fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group_ids", "truncated",
-                  "sampling_logprobs", "model_mask")
-        tensors = {f: getattr(self, f) for f in fields if getattr(self, f) is not None}
+        tensors = {f: getattr(self, f) for f in _TENSOR_FIELDS if getattr(self, f) is not None}
         if device is None or all(t.device == torch.device(device) for t in tensors.values()):
             return self
         return dataclasses.replace(self, **{f: t.to(device) for f, t in tensors.items()})
@@ -94,13 +102,32 @@ class Rollout:
         """A Rollout of the given rows (whole groups, in order), e.g. for dynamic sampling."""
         idx = torch.as_tensor(rows, dtype=torch.long)
         pick = idx.tolist()
-        lp = None if self.sampling_logprobs is None else self.sampling_logprobs[idx]
-        model = None if self.model_mask is None else self.model_mask[idx]
-        trajectories = None if self.trajectories is None else [self.trajectories[i] for i in pick]
-        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
-                       self.completion_mask[idx], self.group_ids[idx], [self.completions[i] for i in pick],
-                       [self.prompts[i] for i in pick], self.truncated[idx], self.group_size, lp, model,
-                       trajectories, self.policy_lag)
+        tensors = {f: getattr(self, f)[idx] for f in _TENSOR_FIELDS if getattr(self, f) is not None}
+        lists = {f: [getattr(self, f)[i] for i in pick] for f in ("completions", "prompts", "trajectories")
+                 if getattr(self, f) is not None}
+        kwargs = {k: [v[i] for i in pick] for k, v in self.reward_kwargs.items()}
+        return dataclasses.replace(self, **tensors, **lists, reward_kwargs=kwargs)
+
+
+_TENSOR_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group_ids", "truncated",
+                  "sampling_logprobs", "model_mask", "unrun")
+
+
+def plain_fields(rollout: Rollout) -> dict[str, Any]:
+    """The Rollout's fields as tensors, lists, numbers and dicts (loadable with weights_only=True): the
+    tree as its two tuples; without the trajectories and the reward keywords (live objects, read before
+    a rollout is stored)."""
+    out = {f.name: getattr(rollout, f.name) for f in dataclasses.fields(rollout)
+           if f.name not in ("trajectories", "reward_kwargs", "tree")}
+    out["tree"] = None if rollout.tree is None else (rollout.tree.widths, rollout.tree.branch_at)
+    return out
+
+
+def from_plain(fields: dict[str, Any], **more: Any) -> Rollout:
+    """The Rollout `plain_fields` describes (plus `more`, e.g. its trajectories)."""
+    tree = fields.get("tree")
+    spec = None if tree is None else TreeSpec(tuple(tree[0]), tuple(tree[1]))
+    return Rollout(**{**fields, "tree": spec}, **more)
 
 
 def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
@@ -134,6 +161,13 @@ def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         model_mask=torch.cat([rpad(r.loss_mask, T, 0) for r in parts]) if turns else None,
         trajectories=[t for r in parts for t in (r.trajectories or [Trajectory()] * len(r.prompts))]
         if turns else None,
+        tree=parts[0].tree if all(r.tree == parts[0].tree for r in parts) else None,
+        unrun=torch.cat([r.unrun if r.unrun is not None else torch.zeros_like(r.truncated) for r in parts])
+        if any(r.unrun is not None for r in parts) else None,
+        reward_kwargs={k: [v for r in parts for v in r.reward_kwargs.get(k, [None] * len(r.prompts))]
+                       for k in dict.fromkeys(k for r in parts for k in r.reward_kwargs)},
+        sampler_stats={k: sum(r.sampler_stats.get(k, 0.0) for r in parts)
+                       for k in dict.fromkeys(k for r in parts for k in r.sampler_stats)},
     )
 
 
@@ -168,7 +202,10 @@ def assemble_rollout(*, tokenizer, prompts: Sequence[Any], prompt_ids: torch.Ten
                      lengths: torch.Tensor | Sequence[int] | None = None, cut_at_eos: bool = True,
                      sampling_logprobs: torch.Tensor | None = None, model_mask: torch.Tensor | None = None,
                      trajectories: list[Trajectory] | None = None, completions: list[Any] | None = None,
-                     prompts_per_row: bool = False, device: torch.device | str | None = None) -> Rollout:
+                     prompts_per_row: bool = False, device: torch.device | str | None = None,
+                     tree: TreeSpec | None = None, unrun: torch.Tensor | None = None,
+                     reward_kwargs: dict[str, list] | None = None,
+                     sampler_stats: dict[str, float] | None = None) -> Rollout:
     """A Rollout of N = B * G rows from its sampled ids.
 
     Args:
@@ -181,6 +218,9 @@ def assemble_rollout(*, tokenizer, prompts: Sequence[Any], prompt_ids: torch.Ten
         model_mask: [N, T] the tokens the policy sampled (multi-turn); None: every valid token.
         trajectories: per row, kept as given (multi-turn); None: one turn.
         completions: per row, kept as given; None: the decoded ids (special tokens skipped).
+        tree: the groups' tree shape (tree rollouts); None: flat.
+        unrun: [N] bool, rows the sampler did not run (MCTS); None: every row ran.
+        reward_kwargs: per-row keywords for the reward functions; sampler_stats: the sampler's sums.
     """
     device = prompt_ids.device if device is None else torch.device(device)
     ids = completion_ids.to(device)
@@ -199,4 +239,6 @@ def assemble_rollout(*, tokenizer, prompts: Sequence[Any], prompt_ids: torch.Ten
                    completion_mask=mask, group_ids=torch.arange(N // G, device=device).repeat_interleave(G),
                    completions=list(completions), prompts=[p for p in prompts for _ in range(repeat)],
                    truncated=truncated, group_size=G, sampling_logprobs=logps, model_mask=model,
-                   trajectories=trajectories)
+                   trajectories=trajectories, tree=tree,
+                   unrun=None if unrun is None else unrun.to(device).bool(),
+                   reward_kwargs=dict(reward_kwargs or {}), sampler_stats=dict(sampler_stats or {}))

@@ -205,7 +205,8 @@ def sample_groups(
                              _pad_cat(logps, T, 0), driver, eos_ids)
     return assemble_rollout(tokenizer=tokenizer, prompts=prompts, prompt_ids=prompt_ids,
                             prompt_mask=prompt_mask, completion_ids=completion_ids, group_size=group_size,
-                            eos_ids=eos_ids, sampling_logprobs=_pad_cat(logps, T, 0) if use_fast else None)
+                            eos_ids=eos_ids, sampling_logprobs=_pad_cat(logps, T, 0) if use_fast else None,
+                            tree=tree)
 
 
 def _decode_chunks(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,

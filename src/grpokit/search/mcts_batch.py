@@ -157,8 +157,9 @@ def to_rollout(decoder: Decoder, prompts: Sequence, searches: Sequence[GroupSear
                device) -> Rollout:
     """The searches' trajectories as a Rollout of B * G rows: row b*G + j is prompt b's simulation j.
 
-    A simulation the budget left unrun is an empty row (completion_mask 0, truncated, text ""); the caller
-    leaves it out of its group's rewards (`grpokit.train.mcts_rollouts`)."""
+    A simulation the budget left unrun is an empty row (completion_mask 0, truncated, text "", `unrun`);
+    scoring leaves it out of its group's rewards (`grpokit.train.collect.scored`). The searches' sums
+    (`search_stats`) travel as the Rollout's `sampler_stats`."""
     G, pad = group_size, decoder.tokenizer.pad_token_id
     rows = [s.visits[j] if j < len(s.visits) else None for s in searches for j in range(G)]
     T = max([len(v.ids) for v in rows if v is not None], default=0) or 1
@@ -172,7 +173,8 @@ def to_rollout(decoder: Decoder, prompts: Sequence, searches: Sequence[GroupSear
         sampling_logprobs=pad_rows([[] if v is None else v.logprobs for v in rows], T, 0.0,
                                    dtype=torch.float32),
         completions=["" if v is None else decoder.tokenizer.decode(v.ids, skip_special_tokens=True)
-                     for v in rows], device=device)
+                     for v in rows], device=device,
+        unrun=torch.tensor([v is None for v in rows]), sampler_stats=search_stats(searches))
 
 
 def mcts_sample(decoder: Decoder, prompts: Sequence, spec: MctsSpec, value: Value,

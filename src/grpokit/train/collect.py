@@ -21,7 +21,7 @@ from grpokit.rewards.scoring import correctness, reward_kwargs, score_responses,
 from grpokit.rollout.groups import Rollout, merge_kept_groups, sample_groups
 from grpokit.rollout.tree import TreeSpec
 from grpokit.rollout.vllm_backend import vllm_agent_sampler, vllm_sample
-from grpokit.train.mcts_rollouts import MctsRollouts
+from grpokit.train.mcts_rollouts import MctsRollouts, blank_rows
 from grpokit.train.state import TrainState
 
 
@@ -32,21 +32,18 @@ def _reward_columns(examples: list, group_size: int) -> dict[str, list]:
 
 def generate_and_score(state: TrainState, examples: list, timer: PhaseTimer):
     """[A] + [B] for one set of prompts: (rollout, reward batch, correctness [N] or None)."""
-    rollout, env_extra = sample_batch(state, examples, timer)
-    scored = score_batch(state, examples, rollout, env_extra, timer)
-    return state.mcts.blank_unrun(*scored) if state.cfg.rollout.mcts_enabled else scored
+    return score_batch(state, examples, sample_batch(state, examples, timer), timer)
 
 
-def sample_batch(state: TrainState, examples: list, timer: PhaseTimer) -> tuple[Rollout, dict[str, Any]]:
-    """[A] G completions of each prompt: (rollout, what the sampler hands the rewards: env_extra)."""
+def sample_batch(state: TrainState, examples: list, timer: PhaseTimer) -> Rollout:
+    """[A] G completions of each prompt (what the sampler hands the rewards: `Rollout.reward_kwargs`)."""
     cfg, r = state.cfg, state.cfg.rollout
     prompts = [ex.prompt for ex in examples]
     with timer("generate"), state.dist.unsharded(state.model):
         # vllm: another engine samples (grpokit.rollout.vllm_backend); the same Rollout contract
-        env_extra: dict[str, Any] = {}
         if state.agent is not None:   # tools / environments: multi-turn (grpokit.agents)
-            rollout, env_extra = state.agent.sample(state.model, state.tokenizer, examples, r.num_generations,
-                                                    cfg, sampler=vllm_agent_sampler(state))
+            rollout = state.agent.sample(state.model, state.tokenizer, examples, r.num_generations, cfg,
+                                         sampler=vllm_agent_sampler(state))
         elif r.backend == "vllm":
             rollout = vllm_sample(state, prompts)
         elif r.mcts_enabled:   # G simulations of a tree search per prompt (grpokit.train.mcts_rollouts)
@@ -60,30 +57,34 @@ def sample_batch(state: TrainState, examples: list, timer: PhaseTimer) -> tuple[
                                     truncate_prompt=r.truncate_prompt, backend=r.backend,
                                     generation_batch_size=r.generation_batch_size,
                                     chat_template_kwargs=cfg.task.chat_template_kwargs, tree=TreeSpec.of(r))
-    return rollout, env_extra
+    return rollout
 
 
-def score_batch(state: TrainState, examples: list, rollout, env_extra: dict[str, Any], timer: PhaseTimer):
+def score_batch(state: TrainState, examples: list, rollout: Rollout, timer: PhaseTimer):
     """[B] the rewards of a sampled batch: (rollout, reward batch, correctness [N] or None). The step
     waits for all of it: time/reward_wait = time/reward (reward.overlap: `Scoring`)."""
     with timer("reward_wait"), timer("reward"):
-        return (rollout, *scored(state, examples, rollout, env_extra))
+        return (rollout, *scored(state, examples, rollout))
 
 
-def scored(state: TrainState, examples: list, rollout, env_extra: dict[str, Any]):
-    """[B] score_responses over a sampled batch: (reward batch, correctness [N] or None)."""
+def scored(state: TrainState, examples: list, rollout: Rollout):
+    """[B] score_responses over a sampled batch: (reward batch, correctness [N] or None). Rows the
+    sampler did not run (`Rollout.unrun`, MCTS) get NaN rewards: out of their group's statistics."""
     cfg, r = state.cfg, state.cfg.rollout
     columns = _reward_columns(examples, r.num_generations)
     ids = [row[m.bool()].tolist() for row, m in zip(rollout.completion_ids, rollout.completion_mask)]
     extra: dict[str, Any] = dict(completion_ids=ids, **reward_kwargs(cfg), **state.reward_hooks,
-                                 **env_extra)   # environments= (TRL's keyword), rollout_func's fields
+                                 **rollout.reward_kwargs)   # environments= (TRL's keyword), rollout_func's
     if any(getattr(fn, "process", False) for _, fn, _ in state.reward_funcs):
         extra["completion_char_ends"] = [token_char_ends(state.tokenizer, row) for row in ids]
     scores = score_responses(state.reward_funcs, rollout.prompts, rollout.completions, columns,
                              reward_errors=cfg.reward.reward_errors, **extra)
     if state.reward_loop is not None:  # the RM's next training data, labeled by the verifier
         state.reward_loop.record(rollout, columns)
-    return scores, correctness(scores.per_func, rollout.prompts, rollout.completions, columns)
+    correct = correctness(scores.per_func, rollout.prompts, rollout.completions, columns)
+    if rollout.unrun is not None:
+        return blank_rows(scores, correct, rollout.unrun.nonzero().flatten().tolist())
+    return scores, correct
 
 
 def collect_batch(state: TrainState, timer: PhaseTimer):
@@ -108,7 +109,7 @@ def _sampled_and_scored(state: TrainState, timer: PhaseTimer):
     if state.async_rollouts is not None:   # rollout.async: the worker sampled it, up to K versions ago
         with timer("generate"):            # the wait for the batch (async/wait_s: the same)
             rollout, examples, info = state.async_rollouts.next(state)
-        return (*score_batch(state, examples, rollout, {}, timer), info)
+        return (*score_batch(state, examples, rollout, timer), info)
     rollout, scores, correct = generate_and_score(state, state.stream.take(B), timer)
     info: dict[str, float] = {}
     if not cfg.rollout.dynamic_sampling:
@@ -146,14 +147,13 @@ class Scoring:
     """
 
     def __init__(self, state: TrainState | None = None, examples: list | None = None, rollout=None,
-                 env_extra: dict[str, Any] | None = None, timer: PhaseTimer | None = None) -> None:
+                 timer: PhaseTimer | None = None) -> None:
         self._out: tuple | None = None
         self._error: BaseException | None = None
         self._timer, self._thread, self._seconds = timer, None, 0.0
         if state is not None:
-            blank = state.mcts.blank_unrun if state.cfg.rollout.mcts_enabled and state.mcts else None
             self._thread = threading.Thread(target=self._run, name="grpokit-rewards", daemon=True,
-                                            args=(state, examples, rollout, env_extra, blank))
+                                            args=(state, examples, rollout))
             self._thread.start()
 
     @classmethod
@@ -163,11 +163,10 @@ class Scoring:
         done._out = (scores, correct)
         return done
 
-    def _run(self, state: TrainState, examples: list, rollout, env_extra: dict[str, Any], blank) -> None:
+    def _run(self, state: TrainState, examples: list, rollout) -> None:
         start = time.perf_counter()
         try:
-            scores, correct = scored(state, examples, rollout, env_extra)
-            self._out = blank(rollout, scores, correct)[1:] if blank else (scores, correct)
+            self._out = scored(state, examples, rollout)
         except BaseException as e:   # re-raised on the main thread by result(): the same object
             self._error = e
         finally:
@@ -203,9 +202,8 @@ def collect_overlapped(state: TrainState, timer: PhaseTimer):
     if state.async_rollouts is not None:   # the worker's batch, scored on the trainer's side
         with timer("generate"):
             rollout, examples, info = state.async_rollouts.next(state)
-        env_extra: dict[str, Any] = {}
     else:
         examples, info = state.stream.take(_prompts_here(state)), {}
-        rollout, env_extra = sample_batch(state, examples, timer)
-    scoring = Scoring(state, examples, rollout, env_extra, timer)
+        rollout = sample_batch(state, examples, timer)
+    scoring = Scoring(state, examples, rollout, timer)
     return rollout.to(model_device(state.model)), scoring, info

@@ -107,11 +107,11 @@ def decode_and_score(model, tokenizer, examples: Sequence, cfg: GRPOConfig, grou
     batch = max(1, EVAL_BATCH // group_size)
     for s in tqdm(range(0, len(examples), batch), desc=desc, disable=not progress, leave=False,
                   dynamic_ncols=True):
-        chunk, env_extra = examples[s:s + batch], {}
+        chunk = examples[s:s + batch]
         with switch.accelerated(model):     # grpokit's optional CPU speed-ups (the fast decoder's kernels)
             if agent is not None:
-                rollout, env_extra = agent.sample(model, tokenizer, chunk, group_size, cfg, greedy=greedy,
-                                                  evaluation=True)
+                rollout = agent.sample(model, tokenizer, chunk, group_size, cfg, greedy=greedy,
+                                       evaluation=True)
             else:
                 rollout = sample_groups(model, tokenizer, [ex.prompt for ex in chunk], group_size,
                                         r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
@@ -119,7 +119,7 @@ def decode_and_score(model, tokenizer, examples: Sequence, cfg: GRPOConfig, grou
                                         truncate_prompt=r.truncate_prompt, backend=r.backend, greedy=greedy,
                                         chat_template_kwargs=cfg.task.chat_template_kwargs)
         parts.append(_score(cfg, tokenizer, rollout, chunk, group_size, reward_funcs,
-                            {**(reward_extra or {}), **env_extra}))
+                            {**(reward_extra or {}), **rollout.reward_kwargs}))
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 

@@ -41,6 +41,7 @@ import torch
 
 from grpokit.errors import ConfigError
 from grpokit.rewards.scoring import RewardBatch
+from grpokit.rollout.contract import from_plain, plain_fields
 from grpokit.rollout.groups import Rollout
 from grpokit.rollout.trajectory import ToolCall, Trajectory, Turn
 
@@ -127,8 +128,7 @@ def save_generation(gen: Generation, folder: Path) -> None:
     """generation.pt in a checkpoint folder: every tensor (CPU), the texts and trajectories as JSON,
     loadable with weights_only=True."""
     b, r = gen.batch, gen.batch.rollout
-    rollout = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)
-               if f.name not in _TEXT_FIELDS + ("trajectories",)}
+    rollout = {k: v for k, v in plain_fields(r).items() if k not in _TEXT_FIELDS}
     rollout = {k: _cpu(v) if isinstance(v, torch.Tensor) else v for k, v in rollout.items()}
     texts = {name: json.dumps(getattr(r, name), default=str) for name in _TEXT_FIELDS}
     trajectories = None if r.trajectories is None else json.dumps(
@@ -157,7 +157,7 @@ def load_generation(folder: Path, device: torch.device | str | None) -> Generati
     texts = {name: json.loads(text) for name, text in blob["texts"].items()}
     trajectories = None if blob["trajectories"] is None else [_trajectory(d)
                                                               for d in json.loads(blob["trajectories"])]
-    rollout = Rollout(**blob["rollout"], **texts, trajectories=trajectories).to(device)
+    rollout = from_plain(blob["rollout"], **texts, trajectories=trajectories).to(device)
     s = blob["scores"]
     steps = None if s["step_rewards"] is None else [[tuple(p) for p in row] for row in s["step_rewards"]]
     scores = RewardBatch(s["total"], s["per_func"], s["num_errors"], steps, s["metrics"])

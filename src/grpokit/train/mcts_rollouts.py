@@ -15,8 +15,9 @@ rollout.mcts.value:
 The update is GRPO on those G trajectories: each row is scored by reward.funcs as any sampled row is,
 and the advantages are the group's (`compute_advantages`, unchanged); the search's node values steer
 which trajectories are sampled, they add no term to the advantage. Rows of simulations that the token
-budget (rollout.mcts.max_tokens) left unrun are empty: their rewards are NaN (left out of the group's
-mean and std, advantage 0, as a skipped score) and they hold no token.
+budget (rollout.mcts.max_tokens) left unrun are empty and say so (`Rollout.unrun`): scoring gives them NaN
+rewards (`blank_rows`: left out of the group's mean and std, advantage 0, as a skipped score) and they
+hold no token. The searches' figures travel with the rollout (`Rollout.sampler_stats`: `mcts_stats`).
 
 Resume: the trees live for one step (nothing to checkpoint); the sampler draws from torch's global RNG,
 which checkpoints save, and the values are deterministic, so a resumed run repeats the same searches.
@@ -33,7 +34,7 @@ from grpokit.rewards.outcome_rm import load_reward_model
 from grpokit.rewards.scoring import RewardBatch, reward_kwargs, score_responses, token_char_ends
 from grpokit.rollout.groups import Rollout
 from grpokit.search.decode import Decoder
-from grpokit.search.mcts_batch import MctsSpec, Value, mcts_sample, search_stats
+from grpokit.search.mcts_batch import MctsSpec, Value, mcts_sample
 from grpokit.search.scorers import VERIFIER, Scorer, load_process, outcome_scorer, process_scorer
 
 
@@ -71,15 +72,13 @@ def reward_value(state, examples: list) -> Value:
 
 class MctsRollouts:
     """The run's MCTS sampler: its value scorer (a reward-model folder is loaded once, at the first step)
-    and the last batch's search figures (`mcts_stats`)."""
+    and the search's shape."""
 
     def __init__(self, state) -> None:
         r = state.cfg.rollout
         self.scorer, separator = load_scorer(state.cfg, next(state.model.parameters()).device)
         self.spec = MctsSpec(simulations=r.num_generations, separator=separator, width=r.mcts_width,
                              max_tokens=r.mcts_max_tokens, exploration=r.mcts_exploration)
-        self.stats: dict[str, float] = {}
-        self.unrun: list[int] = []        # rows of the last batch whose simulation did not run
 
     def value(self, state, examples: list) -> Value:
         if self.scorer is None:
@@ -91,16 +90,9 @@ class MctsRollouts:
         """The B examples' searches in lockstep: a Rollout of B * G trajectories."""
         decoder = Decoder(state.model, state.tokenizer, state.cfg)
         device = next(state.model.parameters()).device
-        rollout, searches = mcts_sample(decoder, [ex.prompt for ex in examples], self.spec,
-                                        self.value(state, examples), device)
-        G = self.spec.simulations
-        self.unrun = [s.index * G + j for s in searches for j in range(len(s.visits), G)]
-        self.stats = search_stats(searches)
+        rollout, _ = mcts_sample(decoder, [ex.prompt for ex in examples], self.spec,
+                                 self.value(state, examples), device)
         return rollout
-
-    def blank_unrun(self, rollout: Rollout, scores: RewardBatch, correct: torch.Tensor | None):
-        """`score_batch`'s (rollout, scores, correct) with the last batch's unrun rows blanked."""
-        return (rollout, *blank_rows(scores, correct, self.unrun))
 
 
 def blank_rows(scores: RewardBatch, correct: torch.Tensor | None,
@@ -120,13 +112,12 @@ def blank_rows(scores: RewardBatch, correct: torch.Tensor | None,
     return scores, correct
 
 
-def mcts_stats(state) -> dict[str, float]:
+def mcts_stats(rollout: Rollout, dist) -> dict[str, float]:
     """The step's search figures, over every rank: decoded tokens (all groups, and per group), prefill
     tokens, nodes and simulations per group, and the mean backed-up value. Empty without MCTS."""
-    m = state.mcts
-    if m is None or not m.stats:
+    if "nodes" not in rollout.sampler_stats:
         return {}
-    total = {k: state.dist.sum(v) for k, v in m.stats.items()}
+    total = {k: dist.sum(v) for k, v in rollout.sampler_stats.items()}
     groups = max(total["groups"], 1.0)
     return {"mcts/decoded_tokens": total["tokens"], "mcts/decoded_tokens_per_group": total["tokens"] / groups,
             "mcts/prefill_tokens": total["prefill_tokens"], "mcts/nodes_per_group": total["nodes"] / groups,

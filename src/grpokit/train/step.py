@@ -42,7 +42,7 @@ from grpokit.core.loss import k3_kl
 from grpokit.observe.agent_metrics import trajectory_stats
 from grpokit.observe.metrics import PhaseTimer, length_stats, nan_std, reward_stats, tensor_stats
 from grpokit.rollout.groups import Rollout
-from grpokit.rollout.tree import TreeSpec, decoded_tokens
+from grpokit.rollout.tree import decoded_tokens
 from grpokit.train.collect import Scoring, collect_batch, collect_overlapped
 from grpokit.train.distributed import Distributed
 from grpokit.train.generations import Batch, Generation, take_slice
@@ -75,7 +75,7 @@ def compute_advantages(cfg: GRPOConfig, rollout: Rollout, rewards: torch.Tensor,
     T = rollout.completion_ids.shape[1]
     if step_rewards is not None:
         adv = adv[:, None] + process_advantages(step_rewards, G, T)                # [N, T]
-    tree = TreeSpec.of(cfg.rollout)
+    tree = rollout.tree
     if tree is not None:   # tree rollouts: each segment's node value against its parent's
         seg = tree_advantages(full, tree.widths, tree.branch_at, T,
                               scale_rewards=cfg.loss.scale_rewards)[mine]                  # [N, T]
@@ -174,8 +174,7 @@ def _step_metrics(state: TrainState, batch: Batch, upd: dict[str, float], *, fir
                   tracker) -> dict[str, float]:
     """The step's metrics.jsonl row over its batch (all ranks); first: the generation's first slice, which
     reports the search's figures (MCTS)."""
-    cfg, rollout, scores, correct, advantages = state.cfg, batch.rollout, batch.scores, batch.correct, \
-        batch.advantages
+    rollout, scores, correct, advantages = batch.rollout, batch.scores, batch.correct, batch.advantages
     loss_mask = batch.loss_mask
     adv_flat = (advantages if advantages.dim() == 1
                 else (advantages * loss_mask).sum(-1) / loss_mask.sum(-1).clamp(min=1))
@@ -192,8 +191,8 @@ def _step_metrics(state: TrainState, batch: Batch, upd: dict[str, float], *, fir
                "learning_rate": state.scheduler.get_last_lr()[0], "completion_tokens": float(mask.sum()),
                "input_tokens_seen": state.count_input_tokens(rollout),
                **trajectory_stats(rollout, g),   # tools / environments only: turns, calls, errors
-               **tree_stats(cfg, rollout, state.dist),   # tree rollouts only: tokens decoded
-               **(mcts_stats(state) if first else {})}   # MCTS rollouts only: tokens, nodes, values
+               **tree_stats(rollout, state.dist),   # tree rollouts only: tokens decoded
+               **(mcts_stats(rollout, state.dist) if first else {})}   # MCTS only: tokens, nodes, values
     if tracker is not None:
         tracker.observe(state.step, rollout, scores, adv_flat, correct)
     return metrics
@@ -223,9 +222,9 @@ def _log_bad_batch(state: TrainState, rollout: Rollout, what: str) -> None:
                 state.step + 1, what, state.bad_steps, state.cfg.run.max_bad_steps, json.dumps(prompts))
 
 
-def tree_stats(cfg: GRPOConfig, rollout: Rollout, dist: Distributed) -> dict[str, float]:
+def tree_stats(rollout: Rollout, dist: Distributed) -> dict[str, float]:
     """Tree rollouts: tokens decoded (each node's once) and what flat sampling of the same leaves decodes."""
-    tree = TreeSpec.of(cfg.rollout)
+    tree = rollout.tree
     if tree is None:
         return {}
     decoded = dist.sum(decoded_tokens(rollout.completion_mask, tree))

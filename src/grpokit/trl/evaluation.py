@@ -63,10 +63,10 @@ def _columns(examples: list, group_size: int) -> dict[str, list]:
 
 
 def _sample_and_score(run: EvalRun, examples: list):
-    r, env_extra = run.cfg.rollout, {}
+    r = run.cfg.rollout
     if run.agent is not None:   # multi-turn episodes on the agent's evaluation pool
-        rollout, env_extra = run.agent.sample(run.model, run.tokenizer, examples, run.num_generations,
-                                              run.cfg, evaluation=True)
+        rollout = run.agent.sample(run.model, run.tokenizer, examples, run.num_generations, run.cfg,
+                                   evaluation=True)
     else:
         rollout = sample_groups(run.model, run.tokenizer, [ex.prompt for ex in examples], run.num_generations,
                                 r.max_completion_length, temperature=r.temperature, top_p=r.top_p,
@@ -78,7 +78,8 @@ def _sample_and_score(run: EvalRun, examples: list):
     scores = score_responses(run.reward_funcs, rollout.prompts, rollout.completions,
                              _columns(examples, run.num_generations),
                              reward_errors=run.cfg.reward.reward_errors,
-                             completion_ids=ids, **reward_kwargs(run.cfg), **run.reward_extra, **env_extra)
+                             completion_ids=ids, **reward_kwargs(run.cfg), **run.reward_extra,
+                             **rollout.reward_kwargs)
     return rollout, scores
 
 
