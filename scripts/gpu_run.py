@@ -29,7 +29,7 @@ from grpokit.config.schema import build_config
 from grpokit.model import logprobs
 from grpokit.model.loading import build_char_tokenizer
 from grpokit.observe.metrics import peak_rss_mib
-from grpokit.rollout import sampler
+from grpokit.rollout import decode_loop, sampler
 from grpokit.train.loop import train_grpo
 
 # SmolLM2-135M-Instruct's architecture (its config.json): a Llama of 30 layers, tied embeddings.
@@ -86,7 +86,7 @@ def run(backend: str, steps: int, out_dir: Path, device: str = "cuda", prompts: 
     free, total = torch.cuda.mem_get_info() if cuda else (0, 0)
     gen_s = max(sum(r["time/generate"] for r in later), 1e-9)
     phases = {k: round(sum(r[k] for r in later) / len(later), 3) for k in later[0] if k.startswith("time/")}
-    return {"backend": backend, "precision": precision, "before_gpu_fixes": sampler.CUDA_CHECK_EVERY == 1,
+    return {"backend": backend, "precision": precision, "before_gpu_fixes": decode_loop.CUDA_CHECK_EVERY == 1,
             "prompts": prompts, "group": 8, "tokens": tokens,
             "weights": source, "steps": len(rows), "wall_s": round(wall, 1), **phases,
             "s_per_step": sum(r["time/step"] for r in later) / len(later),
@@ -114,7 +114,7 @@ def main() -> int:
         print("gpu_run: no CUDA device", flush=True)
         return 3
     if args.before_gpu_fixes:
-        sampler.CUDA_CHECK_EVERY, sampler.CUDA_KV_IN_COMPUTE = 1, False
+        decode_loop.CUDA_CHECK_EVERY, sampler.CUDA_KV_IN_COMPUTE = 1, False
         logprobs.SOFTMAX_BLOCK_ROWS_GPU = 8
     with tempfile.TemporaryDirectory(prefix="grpokit-gpu-") as tmp:
         res = run(args.backend, args.steps, Path(tmp) / args.backend, args.device, args.prompts, args.tokens,

@@ -8,7 +8,7 @@ import torch
 from grpokit.core.advantages import group_advantages, tree_advantages
 from grpokit.model.logprobs import per_token_logprobs
 from grpokit.model.testing import bench_prompts, build_model
-from grpokit.rollout import sampler, tree
+from grpokit.rollout import decode_loop, sampler
 from grpokit.rollout.groups import render_prompts, sample_groups
 from grpokit.rollout.tree import TreeSpec, decoded_tokens
 
@@ -88,13 +88,13 @@ def test_no_prefix_is_decoded_twice(monkeypatch):
     """Rows picked per column: B * w_0 up to b_1, B * w_0 * w_1 up to b_2, then B * G (no EOS here)."""
     model, tok = build_model("tiny", mean_length=8)
     picked = []
-    real = tree.pick_tokens
+    real = decode_loop.pick_tokens
 
     def counting(logits, *a, **k):
         picked.append(logits.shape[0])
         return real(logits, *a, **k)
 
-    monkeypatch.setattr(tree, "pick_tokens", counting)
+    monkeypatch.setattr(decode_loop, "pick_tokens", counting)
     ids, mask = render_prompts(tok, bench_prompts(2), None, "left")
     spec = TreeSpec((2, 3, 2), (3, 5))
     tokens, _ = sampler.fast_sample(model, ids, mask, 12, 9, temperature=1.0, top_p=1.0, top_k=0, eos_ids=[],

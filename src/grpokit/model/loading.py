@@ -132,10 +132,11 @@ def _load_tokenizer(folder: Path, gguf_file: str | None):
     return tok
 
 
-def load_tokenizer(folder: str | Path):
+def load_tokenizer(folder: str | Path, gguf_file: str | None = None):
     """The tokenizer saved in a local model folder, as the policy's is loaded (a plain `tokenizers` one stays
-    generic); a reward-model folder is read this way too."""
-    return _load_tokenizer(Path(folder), None)
+    generic); a reward-model folder is read this way too. gguf_file: the one held in a GGUF file there
+    (`load_tokenizer(*find_smollm2_gguf())`: SmolLM2's, offline)."""
+    return _load_tokenizer(Path(folder), gguf_file)
 
 
 def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype):

@@ -2,9 +2,11 @@
 
     groups        sample_groups, Rollout (ids, attention and loss masks), prompt encoding
     trajectory    a multi-turn sample's record: its turns (completion columns), tool calls, why it ended
-    turns         the multi-turn decode loop: rows stop at tool calls and are fed the results
-    sampler       grpokit's own KV-cache decode loop (rollout.backend=fast); its C kernels come from the
-                  one switch's scope (grpokit.model.speedups)
+    decode_loop   the one decode loop (draw, write, drop finished rows, step); its rows objects say what
+                  differs: one turn, tool turns (turns), a tree (tree), beam rounds (search.kept_cache)
+    turns         tool turns in that loop: rows stop at tool calls and are fed the results
+    sampler       grpokit's own KV-cache engines behind it (rollout.backend=fast); its C kernels come from
+                  the one switch's scope (grpokit.model.speedups)
     decode_linear the decode loop's matmuls (weights packed once per call for oneDNN)
     cached_engine the decode loop's engine for other architectures (a transformers DynamicCache)
     sampling      the token draw: temperature, top-k, top-p, exactly `generate`'s distribution

@@ -41,9 +41,9 @@ from grpokit.model.precision import autocast_for, compute_dtype
 from grpokit.model.shared_prompts import CACHE_MODEL_TYPES, position_ids_from_mask
 from grpokit.rollout.cached_engine import CachedEngine
 from grpokit.rollout.decode_linear import DecodeLinear, fused
-from grpokit.rollout.sampling import pick_tokens, rows_to_keep
-from grpokit.rollout.tree import TreeSpec, tree_decode
-from grpokit.rollout.turns import TurnDriver, decode_turns
+from grpokit.rollout.decode_loop import Draw, SingleTurn, check_every, decode
+from grpokit.rollout.tree import TreeRows, TreeSpec
+from grpokit.rollout.turns import TurnDriver, TurnRows
 
 log = logging.getLogger("grpokit")
 
@@ -107,9 +107,6 @@ PREFILL_STEPS_MAX = 16
 # Each prompt's cache slots kept once and read by its G rows (else copied to every row). GSM8K, SmolLM2 bf16,
 # 256 tokens (benchmarks/prompt_cache.py): 1.48x at 4 x 8 rows, 1.35x at 16 x 8 (KV cache 1805 vs 4359 MiB).
 SHARE_PROMPT_CACHE = True
-# On CUDA the loop asks how many rows finished (a host sync) every this many steps, not every step: a
-# finished row decodes a few more tokens (masked out after its EOS) instead of the GPU idling each step.
-CUDA_CHECK_EVERY = 8
 # On CUDA with bf16 compute the lean decoder caches and attends in bf16 (LeanDecoder.__init__).
 CUDA_KV_IN_COMPUTE = True
 
@@ -277,7 +274,7 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
         group_size: G.
         greedy: argmax decoding (evaluation); log-probs are still those of the tempered distribution.
         driver: multi-turn rollouts (tools): rows stop at tool calls and are fed the results
-            (`grpokit.rollout.turns.decode_turns`); None: one turn, the plain loop. row0: the first row's
+            (`grpokit.rollout.turns.TurnRows`); None: one turn, the plain loop. row0: the first row's
             index in the driver's batch.
         tree: tree rollouts (`grpokit.rollout.tree`): the G rows of a prompt are the leaves of a tree whose
             paths share prefixes, each decoded once and its KV cache forked at the branch points.
@@ -298,63 +295,24 @@ def fast_sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grou
             engine = _LeanEngine(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
         else:
             engine = CachedEngine(model, prompt_ids, prompt_mask, group_size)
-        N = prompt_ids.shape[0] * group_size
+        N, device = prompt_ids.shape[0] * group_size, prompt_ids.device
+        draw = Draw(temperature, top_p, top_k, greedy)
         if tree is not None:
             if lean:
                 engine.dec.record = None      # forked rows are not the record's rows: no activation reuse
-            tokens, logps = tree_decode(engine, N, tree, max_new_tokens, temperature, top_p, top_k, eos_ids,
-                                        pad_id, prompt_ids.device,
-                                        CUDA_CHECK_EVERY if prompt_ids.device.type == "cuda" else 1)
+            rows = TreeRows(N, tree, max_new_tokens, pad_id, device, eos_ids=eos_ids,
+                            every=check_every(device))
         elif driver is None:
-            tokens, logps = _decode(engine, N, max_new_tokens, temperature, top_p, top_k, eos_ids, pad_id,
-                                    suppress_eos, greedy, prompt_ids.device)
+            rows = SingleTurn(N, max_new_tokens, pad_id, device, eos_ids=eos_ids, suppress_eos=suppress_eos,
+                              every=check_every(device))
         else:
-            tokens, logps = decode_turns(engine, driver, row0, N, max_new_tokens, temperature, top_p, top_k,
-                                         pad_id, greedy, prompt_ids.device)
+            rows = TurnRows(N, max_new_tokens, pad_id, device, driver=driver, row0=row0)
+        tokens, logps = decode(engine, rows, max_new_tokens, draw)
         record = engine.dec.record if lean else None
         if record is not None:
             record.finish(tokens)
             speedups.active().hold_record(record)
         return tokens, logps
-
-
-def _decode(engine, N: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-            eos_ids: list[int], pad_id: int, suppress_eos: bool, greedy: bool,
-            device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sampling loop shared by both engines; finished rows are compacted away in batches."""
-    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
-    eos = torch.tensor(eos_ids, device=device)
-    logits = engine.first_logits()                                        # [N, V]
-    # original ids of live rows (None = all)
-    rows = None
-    finished = torch.zeros(N, dtype=torch.bool, device=device)
-    steps = 0
-    for t in range(max_new_tokens):
-        logits = logits.float()
-        if suppress_eos:
-            logits[:, eos] = float("-inf")
-        tok, lp = pick_tokens(logits, temperature, top_k, top_p, greedy, getattr(engine, "native", None))
-        if rows is None:
-            tokens[:, t], logps[:, t] = tok, lp
-        else:
-            tokens[rows, t], logps[rows, t] = tok, lp
-        steps = t + 1
-        if t + 1 == max_new_tokens:
-            break
-        if not suppress_eos:
-            finished |= torch.isin(tok, eos)
-        if not suppress_eos and (device.type != "cuda" or (t + 1) % CUDA_CHECK_EVERY == 0):
-            n_done = int(finished.sum())
-            if n_done == finished.numel():
-                break
-            keep = rows_to_keep(finished)          # dropped in batches: a cache copy each time
-            if keep is not None:
-                rows = keep if rows is None else rows[keep]
-                engine.keep_rows(keep, t)
-                tok, finished = tok[keep], finished[keep]
-        logits = engine.step(tok, t)
-    return tokens[:, :steps], logps[:, :steps]
 
 
 class _LeanEngine:

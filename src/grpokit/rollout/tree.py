@@ -11,12 +11,13 @@ stays one rectangle and the leaf layout is known before sampling. A leaf is a fu
 rest of GRPO sees an ordinary Rollout: leaf j of group b is row b*G + j, and leaves below one node are
 contiguous (node at depth d covers G / (w_0 * ... * w_d) rows).
 
-Forking the KV cache: the decode loop (`tree_decode`) runs the sampler's own engines; at a branch point
-each live row's cache (prompt and the tokens so far) is copied into w_d rows by the engine's `keep_rows`
-with repeated indices (the same call that drops finished rows), and the w_d children draw their next
-tokens independently. No prefix is decoded twice: a node's tokens are decoded by one row and written to
-every leaf below it. A path that ends (EOS) before a branch point does not fork: its leaves are copies of
-it (identical completions, decoded once), so every group still has G leaves.
+Forking the KV cache: the decode loop (`decode_loop.decode` with `TreeRows`) runs the sampler's own
+engines; at a branch point each live row's cache (prompt and the tokens so far) is copied into w_d rows
+by the engine's `keep_rows` with repeated indices (the same call that drops finished rows), and the w_d
+children draw their next tokens independently. No prefix is decoded twice: a node's tokens are decoded
+by one row and written to every leaf below it. A path that ends (EOS) before a branch point does not
+fork: its leaves are copies of it (identical completions, decoded once), so every group still has G
+leaves.
 
 Generated tokens: `decoded_tokens` counts each node's tokens once (what the loop decoded); flat sampling
 of the same leaves would decode the sum of their lengths. Advantages over the tree:
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpokit.rollout.sampling import pick_tokens, rows_to_keep
+from grpokit.rollout.decode_loop import Rows
 
 
 @dataclass(frozen=True)
@@ -81,53 +82,55 @@ def decoded_tokens(completion_mask: torch.Tensor, spec: TreeSpec) -> int:
     return total
 
 
-def tree_decode(engine, N: int, spec: TreeSpec, max_new_tokens: int, temperature: float, top_p: float,
-                top_k: int, eos_ids: list[int], pad_id: int, device,
-                check_every: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sampler's decode loop (`sampler._decode`) over a tree: rows fork at the branch points.
+class TreeRows(Rows):
+    """A tree's rows for the decode loop (`grpokit.rollout.decode_loop.decode`): the live rows are nodes;
+    at a branch point each forks into w children (the engine's `keep_rows` with repeated indices); each
+    draw is written to every leaf below its node.
 
-    engine: a sampler engine holding N = B * G rows (each prompt prefilled once). check_every: look for
-    finished rows every this many steps (a host sync on CUDA; forks always look). Returns
+    N = B * G leaves (the engine holds each prompt prefilled once, row b*G for prompt b). every: look for
+    finished rows every this many steps (a host sync on CUDA; forks always look). The loop returns
     (tokens [N, T'], sampling log-probs [N, T']), the leaves in tree order; past a row's EOS: padding."""
-    G = spec.leaves
-    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
-    eos = torch.tensor(eos_ids, device=device)
-    # live rows: the root's w_0 children of each prompt; row r writes leaves first[r] .. first[r] + size - 1
-    size = spec.block(0)
-    first = torch.arange(0, N, size, device=device)                                # [B * w_0]
-    keep = (first // G) * G                                  # the engine's prompt rows: b*G holds prompt b
-    logits = engine.first_logits()[keep]
-    engine.keep_rows(keep, 0)
-    forks = {b: w for b, w in zip(spec.branch_at, spec.widths[1:]) if w > 1}   # a width of 1 is no fork
-    finished = torch.zeros(first.numel(), dtype=torch.bool, device=device)
-    steps = 0
-    for t in range(max_new_tokens):
-        if t in forks:                  # fork: each live row into w children (finished rows stop here)
-            w, size = forks[t], size // forks[t]
-            live = (~finished).nonzero().squeeze(-1)
+
+    def __init__(self, N: int, spec: TreeSpec, max_new_tokens: int, pad_id: int, device, *,
+                 eos_ids: list[int], every: int = 1) -> None:
+        super().__init__(N, max_new_tokens, pad_id, device, every)
+        self.G, self.eos = spec.leaves, torch.tensor(eos_ids, device=device)
+        # live rows: the root's w_0 children of each prompt; row r writes leaves first[r] .. + size - 1
+        self.size = spec.block(0)
+        self.first = torch.arange(0, N, self.size, device=device)                 # [B * w_0]
+        self.forks = {b: w for b, w in zip(spec.branch_at, spec.widths[1:]) if w > 1}   # width 1: no fork
+        self.done = torch.zeros(self.first.numel(), dtype=torch.bool, device=device)
+
+    def start(self, engine) -> torch.Tensor:
+        keep = (self.first // self.G) * self.G               # the engine's prompt rows: b*G holds prompt b
+        logits = engine.first_logits()[keep]
+        engine.keep_rows(keep, 0)
+        return logits
+
+    def before_draw(self, t: int, logits: torch.Tensor, engine) -> torch.Tensor:
+        if t in self.forks:             # fork: each live row into w children (finished rows stop here)
+            w = self.forks[t]
+            self.size //= w
+            live = (~self.done).nonzero().squeeze(-1)
             keep = live.repeat_interleave(w)
-            first = (first[live][:, None] + torch.arange(w, device=device) * size).reshape(-1)
-            logits, finished = logits[keep], finished[keep]
+            self.first = (self.first[live][:, None]
+                          + torch.arange(w, device=live.device) * self.size).reshape(-1)
+            logits, self.done = logits[keep], self.done[keep]
             engine.keep_rows(keep, t)
-        tok, lp = pick_tokens(logits.float(), temperature, top_k, top_p, False,
-                              getattr(engine, "native", None))
-        leaves = first[:, None] + torch.arange(size, device=device)                # [n, size]
-        tokens[leaves, t] = tok[:, None].expand_as(leaves)     # after a row's EOS: masked by the caller
-        logps[leaves, t] = lp[:, None].expand_as(leaves)
-        steps = t + 1
-        if t + 1 == max_new_tokens:
-            break
-        finished |= torch.isin(tok, eos)
-        if (t + 1) % check_every and (t + 1) not in forks:
-            logits = engine.step(tok, t)
-            continue
-        n_done = int(finished.sum())
-        if n_done == finished.numel():
-            break
-        keep = rows_to_keep(finished)             # as the flat loop: drop finished rows in batches
-        if keep is not None:
-            first, tok, finished = first[keep], tok[keep], finished[keep]
-            engine.keep_rows(keep, t)
-        logits = engine.step(tok, t)
-    return tokens[:, :steps], logps[:, :steps]
+        return logits.float()
+
+    def drawn(self, t: int, tok: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
+        leaves = self.first[:, None] + torch.arange(self.size, device=tok.device)  # [n, size]
+        self.tokens[leaves, t] = tok[:, None].expand_as(leaves)  # after a row's EOS: masked by the caller
+        self.logps[leaves, t] = lp[:, None].expand_as(leaves)
+        self.done |= torch.isin(tok, self.eos)
+        return tok
+
+    def check(self, t: int) -> bool:
+        return super().check(t) or (t + 1) in self.forks
+
+    def finished(self) -> torch.Tensor:
+        return self.done
+
+    def keep(self, keep: torch.Tensor, t: int) -> None:
+        self.first, self.done = self.first[keep], self.done[keep]

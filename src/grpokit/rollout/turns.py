@@ -1,10 +1,11 @@
 """The multi-turn decode loop: rows stop at a tool call, tools run, their tokens go into the row's cache.
 
-The same loop as the single-turn one (`grpokit.rollout.sampler._decode`), with one change: a row may
-be *fed* tokens instead of sampling them. When a row's model turn ends with a tool call, the driver
-(`grpokit.agents.driver.ToolDriver`, the semantics: which token ends a turn, the parsing, the tools, the
-limits) runs the calls and hands back the result tokens; from the next step on the row takes those
-tokens one per step, through the same decode step as sampled ones, then samples again:
+The same loop as the single-turn one (`grpokit.rollout.decode_loop.decode`, rows `TurnRows`), with one
+change: a row may be *fed* tokens instead of sampling them. When a row's model turn ends with a tool
+call, the driver (`grpokit.agents.driver.ToolDriver`, the semantics: which token ends a turn, the
+parsing, the tools, the limits) runs the calls and hands back the result tokens; from the next step on
+the row takes those tokens one per step, through the same decode step as sampled ones, then samples
+again:
 
     column   t      t+1    ...   t+k    t+k+1
     row i    </call> env_0  ...   env_k  sampled       (rows advance independently: another row is
@@ -26,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from grpokit.rollout.sampling import pick_tokens, rows_to_keep
+from grpokit.rollout.decode_loop import Rows
 from grpokit.rollout.trajectory import Trajectory
 
 
@@ -62,53 +63,47 @@ class TurnDriver(Protocol):
         ...
 
 
-@torch.no_grad()
-def decode_turns(engine, driver: TurnDriver, row0: int, N: int, max_new_tokens: int, temperature: float,
-                 top_p: float, top_k: int, pad_id: int, greedy: bool,
-                 device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode N rows with tool turns (the engine as `sampler._decode` drives it).
+class TurnRows(Rows):
+    """Rows with tool turns for the decode loop (`grpokit.rollout.decode_loop.decode`): a row whose turn
+    ended at a tool call is fed the driver's result tokens, one per step, instead of its draws.
 
-    Returns:
-        (tokens [N, T'], sampling log-probs [N, T'], 0 where fed). Which columns the policy sampled, and
-        where each row ends, the driver's trajectories say; past a row's end the entries are unspecified.
-    """
-    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=device)
-    stop_ids = driver.stop_ids.to(device)
-    feed: dict[int, list[int]] = {}                                       # row -> env tokens still to feed
-    live = torch.arange(N, device=device)                                 # the engine's rows, in order
-    ended = torch.zeros(N, dtype=torch.bool, device=device)
-    logits = engine.first_logits()                                        # [n, V]
-    steps = 0
-    for t in range(max_new_tokens):
-        tok, lp = pick_tokens(logits.float(), temperature, top_k, top_p, greedy,
-                              getattr(engine, "native", None))
-        drew = ~ended[live]                                               # [n] rows that keep this draw
+    The loop returns (tokens [N, T'], sampling log-probs [N, T'], 0 where fed). Which columns the policy
+    sampled, and where each row ends, the driver's trajectories say; past a row's end: unspecified."""
+
+    def __init__(self, N: int, max_new_tokens: int, pad_id: int, device, *, driver: TurnDriver,
+                 row0: int) -> None:
+        super().__init__(N, max_new_tokens, pad_id, device)               # every step: the driver asks
+        self.driver, self.row0 = driver, row0
+        self.stop_ids = driver.stop_ids.to(device)
+        self.feed: dict[int, list[int]] = {}                              # row -> env tokens still to feed
+        self.live = torch.arange(N, device=device)                        # the engine's rows, in order
+        self.ended = torch.zeros(N, dtype=torch.bool, device=device)
+
+    def drawn(self, t: int, tok: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
+        live, feed = self.live, self.feed
+        drew = ~self.ended[live]                                          # [n] rows that keep this draw
         for j, r in enumerate(live.tolist()):
             if r in feed:
                 tok[j], lp[j], drew[j] = feed[r].pop(0), 0.0, False
                 if not feed[r]:
                     del feed[r]
-        tokens[live, t], logps[live, t] = tok, lp
-        steps = t + 1
-        asks = live[drew & torch.isin(tok, stop_ids)].tolist()            # a turn may have ended here
+        self.tokens[live, t], self.logps[live, t] = tok, lp
+        asks = live[drew & torch.isin(tok, self.stop_ids)].tolist()       # a turn may have ended here
         if asks:
-            more, done = driver.after_token(row0, asks, t, tokens)
+            more, done = self.driver.after_token(self.row0, asks, t, self.tokens)
             feed.update(more)
-            ended[done] = True
-        if t + 1 == max_new_tokens:
-            break
-        n_done = int(ended[live].sum())
-        if n_done == live.numel():
-            break
-        keep = rows_to_keep(ended[live])           # as in the single-turn loop
-        if keep is not None:
-            live = live[keep]
-            engine.keep_rows(keep, t)
-            tok = tok[keep]
-        logits = engine.step(tok, t)
-    driver.finish(row0, tokens[:, :steps])
-    return tokens[:, :steps], logps[:, :steps]
+            self.ended[done] = True
+        return tok
+
+    def finished(self) -> torch.Tensor:
+        return self.ended[self.live]
+
+    def keep(self, keep: torch.Tensor, t: int) -> None:
+        self.live = self.live[keep]
+
+    def result(self, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.driver.finish(self.row0, self.tokens[:, :steps])
+        return super().result(steps)
 
 
 def turn_masks(trajectories: list[Trajectory], lengths: list[int], T: int,

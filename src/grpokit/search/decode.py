@@ -43,16 +43,34 @@ def step_ended(text: str, separator: str) -> bool:
 
 
 def step_over(tokenizer, eos_ids, ids: list[int], separator: str | None) -> bool:
-    """Whether a step whose ids are `ids` has ended: at EOS, or (separator given) at a step separator."""
-    return ids[-1] in eos_ids or (separator is not None and step_ended(
-        tokenizer.decode(ids, skip_special_tokens=True), separator))
+    """Whether a step whose ids are `ids` has ended: at EOS, or (separator given) at a step separator.
+
+    Asked after each token of a step (so `ids[:-1]` had not ended it): a new ending is a separator that
+    ends in the last token's text, so the last few tokens are decoded first (enough text for the
+    separator to start before the last token), and the whole step only when they hold the separator.
+    An ask costs a decode of about len(separator) tokens, not of the whole step (O(T^2) over a step)."""
+    if ids[-1] in eos_ids:
+        return True
+    if separator is None:
+        return False
+    last = len(tokenizer.decode(ids[-1:], skip_special_tokens=True))
+    k = 1
+    while True:
+        tail = tokenizer.decode(ids[-k:], skip_special_tokens=True)
+        if k >= len(ids) or len(tail) - last > len(separator):     # one spare: a tail's leading space
+            break
+        k = min(len(ids), 2 * k)
+    if separator not in tail:
+        return False
+    return step_ended(tail if k >= len(ids) else tokenizer.decode(ids, skip_special_tokens=True), separator)
 
 
 class StepStop:
     """A turn driver (`grpokit.rollout.turns.TurnDriver`) that ends each row after one reasoning step.
 
     Every token is a stop candidate, so the loop asks after each one; a row ends at EOS, when its text
-    holds the separator after some text (`step_ended`), or at its own token limit. With separator None
+    holds the separator after some text (`step_over`: its last tokens decoded, the row's whole text only
+    when they hold the separator), or at its own token limit. With separator None
     a row runs to EOS or its limit (a whole completion: MCTS's rollouts)."""
 
     def __init__(self, tokenizer, eos_ids: Sequence[int], separator: str | None, limits: Sequence[int],

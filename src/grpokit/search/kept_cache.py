@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from grpokit.rollout.decode_loop import Draw, Rows, decode
 from grpokit.rollout.sampler import LeanDecoder, choose_backend, lean_supported
-from grpokit.rollout.sampling import pick_tokens
 
 
 def supported(model, backend: str, prompt_len: int, limit: int) -> bool:
@@ -93,25 +93,53 @@ class KeptRows:
         return logits
 
 
-@torch.no_grad()
+class RoundRows(Rows):
+    """One beam round's rows for the decode loop (`grpokit.rollout.decode_loop.decode`), and its engine:
+    a row whose step has ended waits (compact=False: its later slots masked out of its keys, its draws
+    discarded) until every row's has. The loop returns per row (ids, sampling log-probs)."""
+
+    compact = False
+
+    def __init__(self, rows: KeptRows, logits: torch.Tensor, limits: Sequence[int],
+                 ended: Callable[[list[int]], bool]) -> None:
+        n = logits.shape[0]
+        self.rows, self.logits, self.limits, self.ended = rows, logits, list(limits), ended
+        self.ids: list[list[int]] = [[] for _ in range(n)]
+        self.lps: list[list[float]] = [[] for _ in range(n)]
+        self.active = torch.ones(n, dtype=torch.bool, device=logits.device)
+        self.every = 1
+
+    @property
+    def native(self):
+        return self.rows.dec.native
+
+    def start(self, engine) -> torch.Tensor:
+        return self.logits
+
+    def step(self, tok: torch.Tensor, t: int) -> torch.Tensor:
+        """The engine's step: tok [n] into the next slot of the rows still in their step."""
+        return self.rows.step(tok, self.active)
+
+    def drawn(self, t: int, tok: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
+        toks, lps = tok.tolist(), lp.tolist()                             # one host copy a step
+        for r in self.active.nonzero().squeeze(-1).tolist():
+            self.ids[r].append(toks[r])
+            self.lps[r].append(lps[r])
+            if len(self.ids[r]) >= self.limits[r] or self.ended(self.ids[r]):
+                self.active[r] = False
+        return tok
+
+    def finished(self) -> torch.Tensor:
+        return ~self.active
+
+    def result(self, steps: int) -> list[tuple[list[int], list[float]]]:
+        return list(zip(self.ids, self.lps))
+
+
 def decode_round(rows: KeptRows, logits: torch.Tensor, limits: Sequence[int],
                  ended: Callable[[list[int]], bool], *, temperature: float, top_p: float,
                  top_k: int) -> list[tuple[list[int], list[float]]]:
     """Every row samples from `logits` [n, V] onwards until `ended(its ids)` or its limit; returns per row
     (ids, sampling log-probs). Each row's last id is sampled, not fed: it is the next round's pending id."""
-    n = logits.shape[0]
-    ids: list[list[int]] = [[] for _ in range(n)]
-    logps: list[list[float]] = [[] for _ in range(n)]
-    active = torch.ones(n, dtype=torch.bool, device=logits.device)
-    native = rows.dec.native
-    while True:
-        tok, lp = pick_tokens(logits.float(), temperature, top_k, top_p, False, native)
-        toks, lps = tok.tolist(), lp.tolist()                             # one host copy a step
-        for r in active.nonzero().squeeze(-1).tolist():
-            ids[r].append(toks[r])
-            logps[r].append(lps[r])
-            if len(ids[r]) >= limits[r] or ended(ids[r]):
-                active[r] = False
-        if not bool(active.any()):
-            return list(zip(ids, logps))
-        logits = rows.step(tok, active)
+    round_rows = RoundRows(rows, logits, limits, ended)
+    return decode(round_rows, round_rows, max(1, *limits), Draw(temperature, top_p, top_k))
