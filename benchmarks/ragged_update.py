@@ -20,8 +20,18 @@ prompts, temperature 0.7) with completions of up to --length tokens sampled natu
 
 The goal (issue 59): packed update_s / padded update_s within 10% of packed slots / padded slots.
 
+--fixed-length: long completions instead of ragged ones (issue 59, "Long completions"). Step 1 samples no
+completions: every row gets --length random (non-special) token ids after the recipe's prompt, and each
+row a random reward (advantages by group); the sides are then trained on it as above (padded and packed
+do the same work here: no padding). --lengths L1,L2,...: one such run per length, the sides' order
+alternated from length to length, then each side's peak RSS fitted against the batch's tokens (least
+squares): the bytes each further completion token costs, and whether TRL ran out of memory (a side that
+dies is reported, not fatal).
+
     python benchmarks/ragged_update.py --record benchmarks/results/ragged_update.jsonl
     python benchmarks/ragged_update.py --length 128 --steps 2 --repeats 1 --sides padded,packed   # quick
+    python benchmarks/ragged_update.py --fixed-length --lengths 512,1024,2048 --sides padded,trl --steps 2 \
+        --record benchmarks/results/long_update.jsonl
 """
 
 from __future__ import annotations
@@ -50,6 +60,23 @@ def overrides(args, side: str) -> list[str]:
     return out + (["optim.padding_free=true"] if side == "packed" else [])
 
 
+def synthetic(state, rollout, args):
+    """The fixed-length batch: rollout's prompts, --length random ids per row, random rewards."""
+    from grpokit.core.advantages import group_advantages
+    from grpokit.rollout.contract import assemble_rollout
+
+    G, N, L = args.num_generations, rollout.completion_ids.shape[0], args.length
+    gen = torch.Generator().manual_seed(args.seed)
+    special = set(state.tokenizer.all_special_ids)
+    vocab = [i for i in range(len(state.tokenizer)) if i not in special]
+    ids = torch.tensor(vocab)[torch.randint(len(vocab), (N, L), generator=gen)]
+    r = assemble_rollout(tokenizer=state.tokenizer, prompts=rollout.prompts[::G],
+                         prompt_ids=rollout.prompt_ids[::G], prompt_mask=rollout.prompt_mask[::G],
+                         completion_ids=ids, group_size=G, eos_ids=[], cut_at_eos=False)
+    rewards = torch.rand(N, generator=gen)
+    return r, group_advantages(rewards, G), r.completion_mask.float(), rewards
+
+
 def sample(args) -> dict:
     """Step 1: one generation batch, saved to args.batch; its length distribution."""
     from grpokit import switch
@@ -58,7 +85,10 @@ def sample(args) -> dict:
     from grpokit.train.loop import build_state
     from grpokit.train.step import generate
 
-    cfg = load_config(str(CONFIG), overrides(args, "padded"))
+    over = overrides(args, "padded")
+    if args.fixed_length:                 # sample one token only: the completions are made up
+        over.append("rollout.max_completion_length=1")
+    cfg = load_config(str(CONFIG), over)
     state = build_state(cfg)
     timer = PhaseTimer()
     torch.manual_seed(args.seed)
@@ -67,16 +97,19 @@ def sample(args) -> dict:
         gen = generate(state, timer, s)
     seconds = time.perf_counter() - t0
     b = gen.batch
-    torch.save({"rollout": b.rollout, "advantages": b.advantages, "loss_mask": b.loss_mask,
-                "rewards": b.scores.total}, args.batch)
-    lengths = b.rollout.completion_mask.sum(-1).tolist()
+    rollout, advantages, loss_mask, rewards = b.rollout, b.advantages, b.loss_mask, b.scores.total
+    if args.fixed_length:
+        rollout, advantages, loss_mask, rewards = synthetic(state, rollout, args)
+    torch.save({"rollout": rollout, "advantages": advantages, "loss_mask": loss_mask, "rewards": rewards},
+               args.batch)
+    lengths = rollout.completion_mask.sum(-1).tolist()
     q = statistics.quantiles(lengths, n=4)
     return {"what": "sample", "rows": len(lengths), "max_length": args.length, "sample_s": seconds,
             "generate_s": timer.pop().get("time/generate"), "lengths": lengths,
             "length_min": min(lengths), "length_p25": q[0], "length_median": q[1], "length_p75": q[2],
             "length_max": max(lengths), "length_mean": statistics.mean(lengths),
-            "truncated": int(b.rollout.truncated.sum()), "prompt_tokens_mean":
-            float(b.rollout.prompt_mask.sum(-1).float().mean())}
+            "truncated": int(rollout.truncated.sum()), "prompt_tokens_mean":
+            float(rollout.prompt_mask.sum(-1).float().mean()), "fixed_length": args.fixed_length}
 
 
 def plan_slots(state, rollout) -> dict:
@@ -194,23 +227,49 @@ def trl_side(args) -> dict:
 
 
 def run_side(args, side: str) -> dict:
+    """One side in a fresh process. Under --lengths a side that dies (out of memory: killed, or a
+    RuntimeError saying so) gives a row saying how, and the run goes on."""
     cmd = [sys.executable, __file__, *args.argv, "--side", side]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        sys.exit(f"ragged_update: the {side} side failed:\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    if args.lengths:
+        tail = proc.stderr.strip().splitlines()[-1:] or [""]
+        oom = proc.returncode in (-9, 137) or "out of memory" in proc.stderr.lower()
+        how = "out of memory" if oom else f"exit {proc.returncode}: {tail[0][:300]}"
+        return {"side": side, "failed": how}
+    sys.exit(f"ragged_update: the {side} side failed:\n{proc.stderr[-3000:]}")
+
+
+def fit_bytes_per_token(rows: list[dict]) -> dict:
+    """Per side: least-squares slope and intercept of step peak RSS against the batch's completion tokens
+    (the lengths' summaries), in bytes per token and MiB."""
+    out = {}
+    for side in sorted({k for r in rows for k in r["sides"]}):
+        pts = [(r["rows"] * r["length_max"], r["sides"][side]["step_peak_mib"]) for r in rows
+               if side in r["sides"]]
+        if len(pts) < 2:
+            continue
+        mx, my = statistics.mean(x for x, _ in pts), statistics.mean(y for _, y in pts)
+        slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+        fitted = [my + slope * (x - mx) for x, _ in pts]
+        out[side] = {"bytes_per_token": slope * 2**20, "intercept_mib": my - slope * mx,
+                     "max_residual_mib": max(abs(f - y) for f, (_, y) in zip(fitted, pts)),
+                     "tokens": [x for x, _ in pts], "peaks_mib": [y for _, y in pts]}
+    return out
 
 
 def summary(sampled: dict, runs: list[dict]) -> dict:
     by = {}
     for row in runs:
         by.setdefault(row["side"], []).append(row)
+    failed = {s: rows[0]["failed"] for s, rows in by.items() if any("failed" in r for r in rows)}
     med = {s: {k: statistics.median(r[k] for r in rows) for k in ("train_s", "step_peak_mib")
                + (("update_s", "ref_s", "padded_slots", "real_slots") if s != "trl" else ())}
-           for s, rows in by.items()}
-    out = {"what": "summary", "sides": med, "length_mean": sampled["length_mean"],
-           "length_max": sampled["length_max"]}
+           for s, rows in by.items() if s not in failed}
+    out = {"what": "summary", "sides": med, "failed": failed, "length_mean": sampled["length_mean"],
+           "length_max": sampled["length_max"], "rows": sampled["rows"]}
     if "padded" in med and "packed" in med:
         slots = med["padded"]["real_slots"] / med["padded"]["padded_slots"]
         upd = med["packed"]["update_s"] / med["padded"]["update_s"]
@@ -228,6 +287,9 @@ def summary(sampled: dict, runs: list[dict]) -> dict:
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--length", type=int, default=512, help="max completion tokens")
+    p.add_argument("--fixed-length", action="store_true", help="random completions of exactly --length")
+    p.add_argument("--lengths", default=None, help="L1,L2,...: one --fixed-length run per length, then "
+                                                    "the fitted bytes per token")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per micro-batch, every side")
@@ -238,10 +300,40 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", default=None, help="the saved batch (default: a temporary file)")
     p.add_argument("--record", default=None, help="append every row (JSON lines) to this file")
+    p.add_argument("--once", action="store_true", help="each side once, in the order given (--lengths "
+                                                        "alternates the order between lengths instead)")
     p.add_argument("--side", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = [a for a in argv if a != "--side"]
+    if args.lengths and not args.fixed_length:
+        p.error("--lengths measures long completions: add --fixed-length")
     return args
+
+
+def over_lengths(args, argv: list[str]) -> int:
+    """--lengths: one fixed-length run per length (sides alternated between lengths), then the fit."""
+    summaries = []
+    lengths = [int(x) for x in args.lengths.split(",")]
+    for i, length in enumerate(lengths):
+        sides = args.sides.split(",")
+        sub = [a for a in argv if not a.startswith("--lengths") and a != args.lengths]
+        sub += ["--length", str(length), "--sides", ",".join(sides if i % 2 == 0 else sides[::-1]), "--once"]
+        args.batch = None
+        summaries.append(one_length(parse(sub), sub))
+    fit = {"what": "fit", "lengths": lengths, "fit": fit_bytes_per_token(summaries)}
+    print(json.dumps(fit), flush=True)
+    _record(args, argv, [fit])
+    return 0
+
+
+def _record(args, argv: list[str], rows: list[dict]) -> None:
+    if not args.record:
+        return
+    head = {"command": "python benchmarks/ragged_update.py " + " ".join(argv),
+            "date": time.strftime("%Y-%m-%d"), "machine": f"{_cpu()}, {os.cpu_count()} cores"}
+    with open(args.record, "a") as f:
+        for row in rows:
+            f.write(json.dumps({**head, **row, "commit": _commit(), "cpu": _cpu()}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.side:
         print(json.dumps(trl_side(args) if args.side == "trl" else grpokit_side(args, args.side)))
         return 0
+    if args.lengths:
+        return over_lengths(args, argv)
+    one_length(args, argv)
+    return 0
+
+
+def one_length(args, argv: list[str]) -> dict:
+    """Sample (or make up) the batch, run the sides in order then reversed; returns the summary."""
     if args.batch is None:
         args.batch = tempfile.mkstemp(suffix=".pt", prefix="ragged-batch-")[1]
         args.argv += ["--batch", args.batch]
@@ -258,19 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     sides = args.sides.split(",")
     runs = []
     for i in range(args.repeats):
-        for side in sides + sides[::-1]:
+        for side in sides if args.once else sides + sides[::-1]:
             row = {**run_side(args, side), "round": i}
             print(json.dumps(row), flush=True)
             runs.append(row)
     result = summary(sampled, runs)
     print(json.dumps(result), flush=True)
-    if args.record:
-        head = {"command": "python benchmarks/ragged_update.py " + " ".join(argv),
-                "date": time.strftime("%Y-%m-%d"), "machine": f"{_cpu()}, {os.cpu_count()} cores"}
-        with open(args.record, "a") as f:
-            for row in [sampled, *runs, {**result, "summary": True}]:
-                f.write(json.dumps({**head, **row, "commit": _commit(), "cpu": _cpu()}) + "\n")
-    return 0
+    _record(args, argv, [sampled, *runs, {**result, "summary": True}])
+    return result
 
 
 def _commit() -> str:

@@ -40,8 +40,10 @@ def _machine() -> str:
 def _commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=ROOT, check=False).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True, cwd=ROOT, check=False).stdout.strip()
+    # what the run executes (its own rows, written between runs, do not make the tree dirty)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "configs",
+                            "benchmarks/thread_seeds.py"], capture_output=True, text=True, cwd=ROOT,
+                           check=False).stdout.strip()
     return head + ("+dirty" if dirty else "")
 
 
