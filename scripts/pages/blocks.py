@@ -7,6 +7,7 @@ from . import (
     code,
     experiments,
     gains,
+    long,
     memory,
     performance,
     precision,
@@ -18,11 +19,12 @@ from . import (
     reliability,
     reward_models,
     search,
+    threads,
     vllm,
 )
 
 PAGES = (
-    readme, experiments, reward_models, memory, qlora, performance, ragged, gains, precision, race,
-    real_model, search, asynchronous, agents, vllm, reliability, code,
+    readme, experiments, reward_models, memory, qlora, long, performance, ragged, gains, precision, race,
+    real_model, threads, search, asynchronous, agents, vllm, reliability, code,
 )
 BLOCKS = [block for page in PAGES for block in page.BLOCKS]
